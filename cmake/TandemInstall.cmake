@@ -1,0 +1,18 @@
+# install target and the find_package(Tandem) package.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+install(TARGETS tandem tandem_cli EXPORT TandemTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(DIRECTORY include/tandem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES cmake/TandemTorch.cmake DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Tandem)
+install(EXPORT TandemTargets NAMESPACE tandem:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Tandem)
+configure_package_config_file(cmake/TandemConfig.cmake.in
+  "${PROJECT_BINARY_DIR}/TandemConfig.cmake"
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Tandem)
+write_basic_package_version_file("${PROJECT_BINARY_DIR}/TandemConfigVersion.cmake"
+  COMPATIBILITY SameMinorVersion)
+install(FILES "${PROJECT_BINARY_DIR}/TandemConfig.cmake" "${PROJECT_BINARY_DIR}/TandemConfigVersion.cmake"
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Tandem)

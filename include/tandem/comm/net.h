@@ -1,0 +1,25 @@
+#pragma once
+// Small socket helpers shared by the rendezvous (comm) and the launcher (launch).
+// Torch-free on purpose: the launcher links none of LibTorch's heavy parts through these.
+#include <string>
+
+namespace tandem::comm {
+
+/// True for "localhost", 127.0.0.0/8 and ::1.
+bool is_loopback(const std::string& host);
+
+/// A TCP socket bound to host:port and listening (SO_REUSEADDR). Throws tandem::Error naming
+/// the address when the port is busy or the host is not an address of this machine.
+int listen_on(const std::string& host, int port);
+
+/// A port that was free on `host` a moment ago (bind to port 0, read it back, close).
+int pick_free_port(const std::string& host = "127.0.0.1");
+
+/// Whether host:port can be bound now. Used to fail early with a clear message.
+bool port_is_free(const std::string& host, int port);
+
+/// This machine's address on the route towards `host` (no packet is sent): the interface that
+/// Gloo should use to reach rank 0 in a multi-node job.
+std::string local_address_towards(const std::string& host);
+
+}  // namespace tandem::comm

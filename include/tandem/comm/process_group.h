@@ -1,0 +1,99 @@
+#pragma once
+// ProcessGroup: the collectives of one World, on c10d's engines.
+//
+// Tensors on the CPU go through c10d::ProcessGroupGloo, CUDA tensors through
+// c10d::ProcessGroupNCCL (where Tandem was built with CUDA and a GPU is present). Both share the
+// rendezvous store. Destruction shuts the backends down before the store.
+//
+// Example:
+//   auto world = tandem::comm::World::from_env();
+//   auto pg = tandem::comm::ProcessGroup::create(world);
+//   auto t = torch::ones({4});
+//   pg->all_reduce(t, tandem::comm::ReduceOp::Avg);
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "tandem/comm/rendezvous.h"
+#include "tandem/comm/world.h"
+
+namespace tandem::comm {
+
+/// PyTorch's default collective timeout for Gloo is 30 minutes; ours is shorter because a job
+/// that waits 10 minutes on a dead peer has already failed.
+constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
+
+enum class ReduceOp { Sum, Avg, Max, Min, Product };
+const char* to_string(ReduceOp op);
+
+struct ProcessGroupOptions {
+  /// How long any collective may take before it fails with an error naming it.
+  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
+  /// How long to wait for every rank to reach the store.
+  std::chrono::milliseconds rendezvous_timeout = kDefaultRendezvousTimeout;
+  /// Threads Gloo uses to run collectives.
+  int gloo_threads = 2;
+  /// Create the NCCL backend when this build has it and a GPU is visible.
+  bool use_nccl = true;
+
+  ProcessGroupOptions& with_timeout(std::chrono::milliseconds t) { timeout = t; return *this; }
+  ProcessGroupOptions& with_rendezvous_timeout(std::chrono::milliseconds t) {
+    rendezvous_timeout = t;
+    return *this;
+  }
+};
+
+class ProcessGroup {
+ public:
+  /// Rendezvous, then create the backends. Throws tandem::Error.
+  static std::shared_ptr<ProcessGroup> create(const World& world,
+                                              const ProcessGroupOptions& options = {});
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return world_.rank; }
+  int size() const { return world_.world_size; }
+  const World& world() const { return world_; }
+  const ProcessGroupOptions& options() const { return options_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  bool has_nccl() const { return static_cast<bool>(nccl_); }
+
+  /// The c10d backend that serves tensors on `device` (Gloo for CPU, NCCL for CUDA).
+  const c10::intrusive_ptr<c10d::Backend>& backend_for(const c10::Device& device) const;
+
+  // Asynchronous all-reduce: the caller waits on the returned work (see wait()). Avg is native
+  // on NCCL; Gloo has none, so on CPU tensors async Avg is refused: pre-divide and Sum, as DDP does.
+  c10::intrusive_ptr<c10d::Work> all_reduce_async(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+
+  // Synchronous collectives; failures and timeouts throw tandem::Error naming the operation.
+  // all_reduce Avg on Gloo is Sum then one division (exact when the sum is), floating dtypes only.
+  void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+  void broadcast(at::Tensor& tensor, int root = 0);
+  /// Several tensors from `root` in one message per dtype/device (used to sync model state).
+  void broadcast_coalesced(std::vector<at::Tensor>& tensors, int root = 0);
+  std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
+  void barrier();
+
+  /// Waits for `work`, turning a c10d failure into a one-line tandem::Error about `what`.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const;
+
+ private:
+  ProcessGroup(World world, ProcessGroupOptions options);
+
+  World world_;
+  ProcessGroupOptions options_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+  c10::intrusive_ptr<c10d::Backend> nccl_;
+};
+
+/// The one-line message of any exception (c10::Error without its C++ backtrace).
+std::string one_line(const std::exception& e);
+
+}  // namespace tandem::comm

@@ -1,0 +1,40 @@
+#pragma once
+// What `tandem run` was asked to do, validated before anything starts.
+// Flags mirror torchrun's where the meaning is the same (docs/guide.md, "tandem run").
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace tandem::launch {
+
+constexpr std::chrono::milliseconds kDefaultGracePeriod{3000};
+
+struct LaunchOptions {
+  std::string nproc_per_node = "1";  // a number, "gpu", "cpu" or "auto"
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;           // default 127.0.0.1 on one node; required on several
+  int master_port = 0;               // 0: pick a free one (one node only)
+  int max_restarts = 0;
+  std::string run_id;                // default: random on one node, "<addr>:<port>" on several
+  std::string log_dir;               // default: $TMPDIR/tandem-<run id>
+  std::chrono::milliseconds grace_period = kDefaultGracePeriod;  // SIGTERM -> SIGKILL
+  std::vector<std::string> command;  // the worker program and its arguments
+
+  // Resolved by resolve():
+  int nproc = 0;                     // workers on this node
+  std::string program_path;          // command[0] found on PATH, checked executable
+};
+
+/// Number of workers for a --nproc-per-node spec. Throws tandem::Error.
+int resolve_nproc(const std::string& spec, int gpu_count, int cpu_count);
+
+/// Validates every field, fills the resolved ones and the defaults. Throws tandem::Error with a
+/// one-line message naming the flag; nothing has been started when it throws.
+void resolve(LaunchOptions& options, int gpu_count, int cpu_count);
+
+/// The absolute path execve() will run for `program`: a path is checked as is, a bare name is
+/// searched on PATH. Throws tandem::Error when missing, a directory or not executable.
+std::string find_program(const std::string& program);
+
+}  // namespace tandem::launch

@@ -1,0 +1,36 @@
+#pragma once
+// Supervisor: the heart of `tandem run`. Starts this node's workers with the torchrun
+// environment, pumps their output, and enforces the reliability contract:
+//
+// Note [Stopping a job]
+// - The first worker to fail (non-zero exit or a signal) is the cause: every other worker's
+//   process group gets SIGTERM, and SIGKILL after the grace period. The launcher reports the
+//   cause (rank, exit code or signal, log file) and exits 1, or restarts every worker when
+//   restarts are left (TORCHELASTIC_RESTART_COUNT counts them).
+// - SIGINT / SIGTERM to the launcher are forwarded to every worker's group; a second one, or the
+//   grace period running out, escalates to SIGKILL. The launcher then exits 128 + signal.
+// - Workers die with the launcher (PR_SET_PDEATHSIG), so even `kill -9` leaves no orphans.
+#include <string>
+
+#include "tandem/launch/launch_options.h"
+
+namespace tandem::launch {
+
+class Supervisor {
+ public:
+  explicit Supervisor(LaunchOptions options);
+  /// Runs the job to its end; returns the launcher's exit code.
+  int run();
+
+ private:
+  enum class Outcome { Succeeded, Failed, Interrupted };
+  Outcome run_attempt(int attempt);
+  std::vector<std::string> worker_env(int local_rank, int attempt) const;
+  void note(const std::string& message) const;
+
+  LaunchOptions options_;
+  int interrupt_signal_ = 0;
+  std::string failure_;  // one line about the first failure of the last attempt
+};
+
+}  // namespace tandem::launch

@@ -1,0 +1,115 @@
+#include "tandem/comm/net.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "tandem/error.h"
+
+namespace tandem::comm {
+namespace {
+
+struct AddrInfo {
+  addrinfo* list = nullptr;
+  ~AddrInfo() { if (list) freeaddrinfo(list); }
+};
+
+AddrInfo resolve(const std::string& host, int port, int socktype, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = socktype;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  AddrInfo info;
+  const std::string service = std::to_string(port);
+  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &info.list);
+  if (rc != 0) throw Error("cannot resolve host '" + host + "': " + gai_strerror(rc));
+  return info;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { if (fd_ >= 0) ::close(fd_); }
+  int get() const { return fd_; }
+  int release() { int f = fd_; fd_ = -1; return f; }
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+bool is_loopback(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  in_addr v4{};
+  return inet_pton(AF_INET, host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
+}
+
+int listen_on(const std::string& host, int port) {
+  AddrInfo info = resolve(host, port, SOCK_STREAM, true);
+  int last_errno = 0;
+  for (addrinfo* a = info.list; a; a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (fd.get() < 0) { last_errno = errno; continue; }
+    int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd.get(), 1024) == 0) {
+      return fd.release();
+    }
+    last_errno = errno;
+  }
+  const std::string where = host + ":" + std::to_string(port);
+  if (last_errno == EADDRINUSE) {
+    throw Error("port " + where + " is busy: another process holds it; choose another "
+                "--master-port / MASTER_PORT, or omit it on one node to pick a free one");
+  }
+  if (last_errno == EADDRNOTAVAIL) {
+    throw Error("cannot listen on " + where + ": '" + host + "' is not an address of this machine");
+  }
+  throw Error("cannot listen on " + where + ": " + std::strerror(last_errno));
+}
+
+int pick_free_port(const std::string& host) {
+  Fd fd(listen_on(host, 0));
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw Error(std::string("getsockname failed: ") + std::strerror(errno));
+  }
+  return addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                    : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
+bool port_is_free(const std::string& host, int port) {
+  try {
+    Fd fd(listen_on(host, port));
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string local_address_towards(const std::string& host) {
+  AddrInfo info = resolve(host, 9, SOCK_DGRAM, false);
+  for (addrinfo* a = info.list; a; a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    // connect() on a datagram socket only picks the route and source address.
+    if (fd.get() < 0 || ::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* src = local.ss_family == AF_INET6
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+    if (inet_ntop(local.ss_family, src, text, sizeof(text))) return text;
+  }
+  throw Error("no route from this machine to MASTER_ADDR '" + host + "'");
+}
+
+}  // namespace tandem::comm

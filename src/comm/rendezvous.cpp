@@ -1,0 +1,64 @@
+#include "tandem/comm/rendezvous.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "tandem/comm/net.h"
+#include "tandem/comm/process_group.h"  // one_line
+#include "tandem/error.h"
+
+namespace tandem::comm {
+namespace {
+
+const char* kRunIdKey = "tandem/run_id";
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> rendezvous(const World& world, std::chrono::milliseconds timeout) {
+  if (world.world_size == 1) return c10::make_intrusive<c10d::HashStore>();
+
+  const std::string where = world.master_addr + ":" + std::to_string(world.master_port);
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(world.master_port);
+  options.isServer = world.rank == 0;
+  options.numWorkers = world.world_size;
+  options.waitWorkers = true;
+  options.timeout = timeout;
+  // Note [Rendezvous]: loopback-only when the whole job is on this host. We bind the socket
+  // ourselves so a busy port is reported as such, then hand it to the store.
+  if (world.rank == 0 && world.single_node() && is_loopback(world.master_addr)) {
+    options.masterListenFd =
+        listen_on(world.master_addr == "localhost" ? "127.0.0.1" : world.master_addr, world.master_port);
+  }
+
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
+  } catch (const std::exception& e) {
+    throw Error("rendezvous of rank " + std::to_string(world.rank) + " at " + where +
+                " failed within " + std::to_string(timeout.count() / 1000) + " s: " + one_line(e));
+  }
+
+  if (!world.run_id.empty()) {
+    if (world.rank == 0) {
+      store->set(kRunIdKey, bytes(world.run_id));
+    } else {
+      std::vector<uint8_t> theirs;
+      try {
+        theirs = store->get(kRunIdKey);
+      } catch (const std::exception& e) {
+        throw Error("rendezvous at " + where + ": rank 0 did not publish its run id: " + one_line(e));
+      }
+      const std::string other(theirs.begin(), theirs.end());
+      if (other != world.run_id) {
+        throw Error("refusing to join: this worker is in run '" + world.run_id + "' but the store at " +
+                    where + " serves run '" + other + "' (check TORCHELASTIC_RUN_ID / --run-id)");
+      }
+    }
+  }
+  return store;
+}
+
+}  // namespace tandem::comm

@@ -1,0 +1,120 @@
+#include "tandem/launch/launch_options.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <random>
+
+#include "tandem/comm/net.h"
+#include "tandem/error.h"
+
+namespace tandem::launch {
+namespace {
+
+std::string random_run_id() {
+  std::random_device device;
+  const char* hex = "0123456789abcdef";
+  std::string id;
+  for (int i = 0; i < 12; ++i) id += hex[device() % 16];
+  return id;
+}
+
+std::string temp_dir() {
+  const char* t = std::getenv("TMPDIR");
+  return (t && *t) ? t : "/tmp";
+}
+
+}  // namespace
+
+int resolve_nproc(const std::string& spec, int gpu_count, int cpu_count) {
+  if (spec == "gpu") {
+    if (gpu_count <= 0) throw Error("--nproc-per-node gpu: no CUDA device is visible");
+    return gpu_count;
+  }
+  if (spec == "cpu") return std::max(cpu_count, 1);
+  if (spec == "auto") return gpu_count > 0 ? gpu_count : std::max(cpu_count, 1);
+  bool digits = !spec.empty() && spec.size() < 7;
+  for (char c : spec) digits = digits && c >= '0' && c <= '9';
+  int n = digits ? std::atoi(spec.c_str()) : -1;
+  if (n < 1) {
+    throw Error("--nproc-per-node '" + spec + "' is not valid: expected a positive number, gpu, cpu or auto");
+  }
+  return n;
+}
+
+std::string find_program(const std::string& program) {
+  if (program.empty()) throw Error("no worker program given: tandem run [flags] -- PROGRAM [ARGS]");
+  std::string path;
+  if (program.find('/') != std::string::npos) {
+    path = program;
+  } else {
+    const char* env_path = std::getenv("PATH");
+    std::string dirs = env_path ? env_path : "/usr/bin:/bin";
+    size_t start = 0;
+    while (start <= dirs.size()) {
+      size_t end = dirs.find(':', start);
+      std::string dir = dirs.substr(start, end == std::string::npos ? std::string::npos : end - start);
+      std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+      struct stat st{};
+      if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111) && ::access(candidate.c_str(), X_OK) == 0) {
+        path = candidate;
+        break;
+      }
+      if (end == std::string::npos) break;
+      start = end + 1;
+    }
+    if (path.empty()) throw Error("worker program '" + program + "' not found on PATH");
+  }
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) throw Error("worker program '" + program + "' does not exist");
+  if (S_ISDIR(st.st_mode)) throw Error("worker program '" + program + "' is a directory");
+  // access() alone says yes to root for any file; require an execute bit too.
+  if ((st.st_mode & 0111) == 0 || ::access(path.c_str(), X_OK) != 0) throw Error("worker program '" + program + "' is not executable");
+  return path;
+}
+
+void resolve(LaunchOptions& o, int gpu_count, int cpu_count) {
+  o.nproc = resolve_nproc(o.nproc_per_node, gpu_count, cpu_count);
+  if (o.nnodes < 1) throw Error("--nnodes " + std::to_string(o.nnodes) + " is not valid: expected a positive number");
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    throw Error("--node-rank " + std::to_string(o.node_rank) + " is not valid: expected 0.." +
+                std::to_string(o.nnodes - 1) + " for --nnodes " + std::to_string(o.nnodes));
+  }
+  if (o.max_restarts < 0) throw Error("--max-restarts must be >= 0");
+  if (o.grace_period.count() < 0) throw Error("--grace-period must be >= 0");
+  if (o.master_port < 0 || o.master_port > 65535) {
+    throw Error("--master-port " + std::to_string(o.master_port) + " is not valid: expected 1..65535");
+  }
+  if (o.nnodes > 1) {
+    if (o.master_addr.empty()) throw Error("--master-addr is required when --nnodes > 1 (the host of node 0)");
+    if (o.master_port == 0) throw Error("--master-port is required when --nnodes > 1 (the same on every node)");
+  }
+  if (o.master_addr.empty()) o.master_addr = "127.0.0.1";
+  o.program_path = find_program(o.command.empty() ? std::string() : o.command.front());
+
+  // Node 0 hosts the store: find out now, before any worker starts, whether its port is free.
+  if (o.node_rank == 0) {
+    const bool local = o.nnodes == 1 && comm::is_loopback(o.master_addr);
+    const std::string bind = local ? (o.master_addr == "localhost" ? "127.0.0.1" : o.master_addr) : "";
+    if (o.master_port == 0) {
+      o.master_port = comm::pick_free_port(local ? bind : "0.0.0.0");
+    } else if (!comm::port_is_free(bind, o.master_port)) {
+      throw Error("--master-port " + std::to_string(o.master_port) + " is busy on " +
+                  (bind.empty() ? std::string("this host") : bind) +
+                  ": another process holds it; choose another port" +
+                  (o.nnodes == 1 ? " or omit --master-port to pick a free one" : ""));
+    }
+  }
+  if (o.run_id.empty()) {
+    o.run_id = o.nnodes == 1 ? random_run_id() : o.master_addr + ":" + std::to_string(o.master_port);
+  }
+  if (o.log_dir.empty()) {
+    std::string safe = o.run_id;
+    for (char& c : safe) c = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' ? c : '_';
+    o.log_dir = temp_dir() + "/tandem-" + safe;
+  }
+}
+
+}  // namespace tandem::launch

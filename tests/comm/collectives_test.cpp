@@ -1,0 +1,208 @@
+// Collectives on real c10d engines, checked exactly. The same binary runs as a world of one
+// (plain ctest) or as every rank of a job under `tandem run` (2 and 4 ranks, and across two
+// network namespaces): each rank runs the same tests in the same order.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include <ATen/ATen.h>
+
+#include "tandem/comm/cuda_info.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/error.h"
+
+using tandem::comm::ProcessGroup;
+using tandem::comm::ReduceOp;
+
+namespace {
+
+std::shared_ptr<ProcessGroup> g_pg;
+
+ProcessGroup& pg() { return *g_pg; }
+int W() { return pg().size(); }
+int R() { return pg().rank(); }
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kInt, at::kLong, at::kBFloat16};
+const std::vector<int64_t> kSizes = {0, 1, 7, 1000, 1 << 18};
+
+// Small integers: exact in every dtype above, and their sums over 4 ranks too (bf16 holds
+// integers exactly only up to 256).
+at::Tensor pattern(int64_t n, at::ScalarType dtype) {
+  return at::arange(n, at::kLong).remainder(dtype == at::kBFloat16 ? 16 : 100).to(dtype);
+}
+
+std::string label(at::ScalarType dtype, int64_t n) {
+  return std::string(c10::toString(dtype)) + "[" + std::to_string(n) + "] on " + std::to_string(W()) + " ranks";
+}
+
+}  // namespace
+
+TEST(Collectives, AllReduceSumIsExact) {
+  for (auto dtype : kDtypes) {
+    for (auto n : kSizes) {
+      at::Tensor t = pattern(n, dtype) * (R() + 1);
+      pg().all_reduce(t, ReduceOp::Sum);
+      at::Tensor expected = pattern(n, dtype) * (W() * (W() + 1) / 2);
+      EXPECT_TRUE(at::equal(t, expected)) << label(dtype, n);
+    }
+  }
+}
+
+TEST(Collectives, AllReduceMaxAndMinAreExact) {
+  for (auto dtype : kDtypes) {
+    for (auto n : kSizes) {
+      at::Tensor mx = pattern(n, dtype) + R();
+      at::Tensor mn = pattern(n, dtype) + R();
+      pg().all_reduce(mx, ReduceOp::Max);
+      pg().all_reduce(mn, ReduceOp::Min);
+      EXPECT_TRUE(at::equal(mx, pattern(n, dtype) + (W() - 1))) << label(dtype, n);
+      EXPECT_TRUE(at::equal(mn, pattern(n, dtype))) << label(dtype, n);
+    }
+  }
+}
+
+TEST(Collectives, AllReduceAvgIsSumOverWorldSize) {
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    for (auto n : kSizes) {
+      at::Tensor t = pattern(n, dtype) * (R() + 1);
+      pg().all_reduce(t, ReduceOp::Avg);
+      // (1 + ... + W) / W = (W + 1) / 2: exact for small integers times halves.
+      at::Tensor expected = pattern(n, dtype) * ((W() + 1) / 2.0);
+      EXPECT_TRUE(at::equal(t, expected)) << label(dtype, n);
+    }
+  }
+}
+
+TEST(Collectives, AllReduceOf100MB) {
+  const int64_t n = 100LL * 1024 * 1024 / 4;
+  at::Tensor t = at::full({n}, static_cast<float>(R() + 1), at::kFloat);
+  pg().all_reduce(t, ReduceOp::Sum);
+  EXPECT_TRUE(at::equal(t, at::full({n}, static_cast<float>(W() * (W() + 1) / 2), at::kFloat)));
+}
+
+TEST(Collectives, BroadcastFromEveryRoot) {
+  for (auto dtype : kDtypes) {
+    for (auto n : kSizes) {
+      for (int root = 0; root < W(); ++root) {
+        at::Tensor t = pattern(n, dtype) + R();
+        pg().broadcast(t, root);
+        EXPECT_TRUE(at::equal(t, pattern(n, dtype) + root)) << label(dtype, n) << " root " << root;
+      }
+    }
+  }
+}
+
+TEST(Collectives, BroadcastCoalescedMixesDtypes) {
+  std::vector<at::Tensor> ts = {at::full({3, 2}, R(), at::kFloat), at::full({5}, R(), at::kLong),
+                                at::full({0}, R(), at::kFloat), at::full({2, 2, 2}, R(), at::kDouble),
+                                at::full({4}, R(), at::kFloat)};
+  pg().broadcast_coalesced(ts, W() - 1);
+  for (const auto& t : ts) EXPECT_TRUE(at::equal(t, at::full_like(t, W() - 1)));
+  EXPECT_EQ(ts[0].sizes(), (std::vector<int64_t>{3, 2}));
+}
+
+TEST(Collectives, AllGatherOrdersByRank) {
+  for (auto dtype : kDtypes) {
+    for (auto n : kSizes) {
+      at::Tensor mine = pattern(n, dtype) + R();
+      auto all = pg().all_gather(mine);
+      ASSERT_EQ(static_cast<int>(all.size()), W());
+      for (int r = 0; r < W(); ++r) EXPECT_TRUE(at::equal(all[r], pattern(n, dtype) + r)) << label(dtype, n);
+    }
+  }
+}
+
+TEST(Collectives, BarrierWaitsForEveryRank) {
+  // Ranks arrive staggered; nobody may leave the barrier before the last one has arrived.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50 * R()));
+  pg().store()->add("barrier_test/arrived", 1);
+  pg().barrier();
+  EXPECT_EQ(pg().store()->add("barrier_test/arrived", 0), W());
+  pg().barrier();
+}
+
+TEST(Collectives, BadInputsAreClearErrors) {
+  at::Tensor ints = at::ones({4}, at::kInt);
+  try {
+    pg().all_reduce(ints, ReduceOp::Avg);
+    FAIL() << "integer avg accepted";
+  } catch (const tandem::Error& e) {
+    EXPECT_STREQ(e.what(), "all_reduce avg needs a floating-point tensor, got Int");
+  }
+  at::Tensor strided = at::ones({4, 4}).t();
+  EXPECT_THROW(pg().all_reduce(strided), tandem::Error);
+  at::Tensor t = at::ones({2});
+  EXPECT_THROW(pg().broadcast(t, W()), tandem::Error);
+  if (!pg().has_nccl()) {
+    try {
+      (void)pg().backend_for(c10::Device("cuda:0"));
+      FAIL() << "CUDA device accepted without NCCL";
+    } catch (const tandem::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("needs the NCCL backend"), std::string::npos);
+    }
+  }
+}
+
+// NCCL: a world of one on the GPU here is what issue #2 asks; larger worlds come with the GPU
+// machine. Skips visibly without a GPU.
+TEST(Nccl, AllReduceOnCudaTensor) {
+  if (tandem::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  ASSERT_TRUE(pg().has_nccl());
+  const int device = pg().world().local_rank % tandem::comm::cuda_device_count();
+  auto opts = at::TensorOptions().device(at::kCUDA, device);
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+    at::Tensor t = pattern(1 << 20, dtype).to(opts) * (R() + 1);
+    pg().all_reduce(t, ReduceOp::Sum);
+    EXPECT_TRUE(at::equal(t.cpu(), pattern(1 << 20, dtype) * (W() * (W() + 1) / 2)));
+  }
+  at::Tensor f = pattern(1000, at::kFloat).to(opts) * (R() + 1);
+  pg().all_reduce(f, ReduceOp::Avg);
+  EXPECT_TRUE(at::equal(f.cpu(), pattern(1000, at::kFloat) * ((W() + 1) / 2.0)));
+}
+
+// Run alone (its own ctest entry): rank 0 skips a collective that rank 1 enters, so rank 1 must
+// fail within the collective timeout with the operation named, instead of hanging.
+TEST(Timeout, AMissingPeerEndsTheCollectiveWithItsName) {
+  if (W() < 2) GTEST_SKIP() << "needs two ranks";
+  if (R() == 0) {
+    std::this_thread::sleep_for(pg().options().timeout + std::chrono::seconds(2));
+    return;
+  }
+  at::Tensor t = at::ones({4});
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    pg().all_reduce(t);
+    FAIL() << "all_reduce completed without rank 0";
+  } catch (const tandem::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all_reduce of 4 Float on cpu (sum) failed on rank 1 of 2"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, pg().options().timeout + std::chrono::seconds(5));
+}
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  try {
+    auto world = tandem::comm::World::from_env();
+    // Failure injection for the launcher tests: a rank that dies before the rendezvous.
+    if (const char* r = std::getenv("TANDEM_TEST_DIE_BEFORE_RENDEZVOUS"); r && std::atoi(r) == world.rank) {
+      std::fprintf(stderr, "rank %d: exiting before rendezvous (test injection)\n", world.rank);
+      return 5;
+    }
+    tandem::comm::ProcessGroupOptions options;
+    options.timeout = std::chrono::seconds(60);
+    if (const char* ms = std::getenv("TANDEM_TEST_COLLECTIVE_TIMEOUT_MS")) {
+      options.timeout = std::chrono::milliseconds(std::atol(ms));
+    }
+    options.rendezvous_timeout = std::chrono::seconds(60);
+    g_pg = ProcessGroup::create(world, options);
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "collectives_test: %s\n", e.what());
+    return 2;
+  }
+  int rc = RUN_ALL_TESTS();
+  g_pg.reset();
+  return rc;
+}
