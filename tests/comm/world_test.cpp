@@ -112,6 +112,8 @@ struct BadCase {
   const char* message;  // the whole one-line message
 };
 
+void PrintTo(const BadCase& c, std::ostream* out) { *out << c.name; }
+
 class MalformedEnvironment : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(MalformedEnvironment, GivesOneLineNamingTheVariable) {

@@ -271,6 +271,8 @@ struct BadRun {
   const char* message;
 };
 
+void PrintTo(const BadRun& run, std::ostream* out) { *out << run.name; }
+
 class LauncherRejects : public ::testing::TestWithParam<BadRun> {};
 
 TEST_P(LauncherRejects, BeforeStartingAnything) {
