@@ -1,0 +1,63 @@
+#pragma once
+// DistributedSampler: which dataset indices this rank reads in an epoch, with exactly the rule of
+// PyTorch's torch.utils.data.DistributedSampler (so a C++ and a Python job shard identically):
+//
+//   num_samples = ceil(N / W), or ceil((N - W) / W) with drop_last when N % W != 0
+//   total       = num_samples * W
+//   order       = randperm(N) from a CPU generator seeded seed + epoch (shuffle), else 0..N-1
+//   pad         by repeating the head of `order` (the whole list as often as needed) up to
+//               `total`; with drop_last, truncate to `total` instead
+//   rank r      takes order[r : total : W]
+//
+// LibTorch's own DistributedRandomSampler differs (contiguous blocks, pads before shuffling,
+// mt19937(epoch)), which is why this is not a wrapper around it.
+//
+// Example:
+//   tandem::data::DistributedSampler sampler(dataset_size, world.world_size, world.rank,
+//       tandem::data::DistributedSamplerOptions().shuffle(true).seed(0));
+//   for (int epoch = 0; epoch < epochs; ++epoch) {
+//     sampler.set_epoch(epoch);
+//     for (int64_t i : sampler.indices()) ...
+//   }
+#include <cstdint>
+#include <vector>
+
+namespace tandem::data {
+
+struct DistributedSamplerOptions {
+  bool shuffle_ = true;
+  uint64_t seed_ = 0;
+  bool drop_last_ = false;
+  DistributedSamplerOptions& shuffle(bool v) { shuffle_ = v; return *this; }
+  DistributedSamplerOptions& seed(uint64_t v) { seed_ = v; return *this; }
+  DistributedSamplerOptions& drop_last(bool v) { drop_last_ = v; return *this; }
+};
+
+class DistributedSampler {
+ public:
+  /// Throws tandem::Error for a negative size, world size < 1 or rank outside 0..world_size-1.
+  DistributedSampler(int64_t dataset_size, int world_size, int rank,
+                     DistributedSamplerOptions options = {});
+
+  /// Chooses the shuffle of the coming epoch (same on every rank).
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  int64_t epoch() const { return epoch_; }
+
+  /// This rank's indices for the current epoch, in order.
+  std::vector<int64_t> indices() const;
+  /// How many indices every rank gets per epoch.
+  int64_t num_samples() const { return num_samples_; }
+  /// num_samples() * world size: the padded (or truncated) epoch length.
+  int64_t total_size() const { return num_samples_ * world_size_; }
+  int64_t dataset_size() const { return dataset_size_; }
+
+ private:
+  int64_t dataset_size_;
+  int world_size_;
+  int rank_;
+  DistributedSamplerOptions options_;
+  int64_t epoch_ = 0;
+  int64_t num_samples_;
+};
+
+}  // namespace tandem::data
