@@ -1,0 +1,49 @@
+#include "tandem/ddp/distributed_data_parallel.h"
+
+#include <ATen/ATen.h>
+
+#include "tandem/ddp/model_check.h"
+#include "tandem/error.h"
+
+namespace tandem::ddp::detail {
+
+DdpCore::DdpCore(torch::nn::Module& module, std::shared_ptr<comm::ProcessGroup> pg,
+                 DistributedDataParallelOptions options)
+    : pg_(std::move(pg)), options_(options) {
+  if (!pg_) throw Error("DDP: the process group is null");
+  std::vector<at::Tensor> parameters, all_state;
+  std::vector<std::string> names, all_names;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    all_state.push_back(item.value());
+    all_names.push_back(item.key());
+    if (item.value().requires_grad()) {
+      parameters.push_back(item.value());
+      names.push_back(item.key());
+    }
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    buffers_.push_back(item.value());
+    all_state.push_back(item.value());
+    all_names.push_back(item.key());
+  }
+  verify_placement(*pg_, all_state, all_names);
+  if (options_.init_sync() && pg_->size() > 1) {
+    verify_same_model(*pg_, parameters, names);
+    // Rank 0's initial state everywhere: parameters and buffers, coalesced per dtype.
+    pg_->broadcast_coalesced(all_state, 0);
+  }
+  reducer_ = std::make_unique<Reducer>(parameters, names, pg_, options_);
+}
+
+bool DdpCore::pre_forward() {
+  if (!at::GradMode::is_enabled() || !sync_) return false;
+  reducer_->prepare_for_forward();
+  if (options_.broadcast_buffers() && pg_->size() > 1 && !buffers_.empty()) {
+    pg_->broadcast_coalesced(buffers_, 0);
+  }
+  return true;
+}
+
+void DdpCore::post_forward(const std::vector<at::Tensor>& outputs) { reducer_->prepare_for_backward(outputs); }
+
+}  // namespace tandem::ddp::detail
