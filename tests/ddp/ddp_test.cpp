@@ -33,6 +33,7 @@ using ddp::DistributedDataParallelOptions;
 namespace {
 
 std::shared_ptr<comm::ProcessGroup> g_pg;
+c10::Device g_device(c10::kCPU);  // where models and batches live (the GPU tests switch it)
 int W() { return g_pg->size(); }
 int R() { return g_pg->rank(); }
 
@@ -92,7 +93,7 @@ struct Batch {
 };
 Batch global_batch(int step, int64_t features = 12) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
-  return {at::randn({kGlobalBatch, features}, gen), at::randint(0, 5, {kGlobalBatch}, gen)};
+  return {at::randn({kGlobalBatch, features}, gen).to(g_device), at::randint(0, 5, {kGlobalBatch}, gen).to(g_device)};
 }
 Batch shard(const Batch& b, int rank, int world) {
   const int64_t n = kGlobalBatch / world;
@@ -168,6 +169,8 @@ double train_against_reference(const Variant& v, const std::string& opt_kind, bo
   Holder reference;  // rank 0's initial weights: DDP must broadcast them
   torch::manual_seed(1 + R());
   Holder local;
+  reference->to(g_device);
+  local->to(g_device);
   DistributedDataParallel model(local, g_pg, v.options);
   install_hook(v.hook, model);
 
@@ -288,6 +291,27 @@ TEST_P(DdpOracle, ParametersAfter20StepsEqualTheSingleProcessRun) {
 INSTANTIATE_TEST_SUITE_P(Table, DdpOracle, ::testing::ValuesIn(cases()), [](const auto& info) {
   return info.param.model + "_" + info.param.optimizer + "_" + info.param.variant.name;
 });
+
+// ---- GPU: the same oracles on CUDA with NCCL (skipped visibly without a GPU) -------------------
+
+TEST(DdpGpu, OraclesOnCuda) {
+  if (!g_pg->has_nccl()) GTEST_SKIP() << "no CUDA device visible (or no NCCL in this build)";
+  g_device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(g_pg->world().local_rank));
+  using O = DistributedDataParallelOptions;
+  for (const Variant& v : {Variant{"defaults", O()}, Variant{"bucket_view", O().gradient_as_bucket_view(true)},
+                           Variant{"tiny_buckets", O().bucket_cap_mb(0.0005).first_bucket_mb(0.0001)},
+                           Variant{"bf16_hook", O(), Hook::Bf16, 5e-2, true}}) {
+    for (const char* opt : {"sgd", "adam"}) {
+      const double diff = train_against_reference<Mlp>(v, opt, false, [](auto& m, const at::Tensor& x, int, int) {
+        return m.forward(x);
+      });
+      std::printf("gpu oracle mlp/%s/%s on %d ranks: %.3g (tolerance %.0e)\n", opt, v.name.c_str(), W(), diff,
+                  v.tolerance);
+      EXPECT_LE(diff, v.tolerance) << v.name << " " << opt;
+    }
+  }
+  g_device = c10::Device(c10::kCPU);
+}
 
 // ---- no_sync ---------------------------------------------------------------------------------
 

@@ -1,0 +1,179 @@
+// One measurement of Tandem DDP, run as every rank of a `tandem run` job (or alone).
+//   tandem_ddp_bench --model mlp|cnn|transformer --mode ddp|plain|no_sync|allreduce
+//                    [--batch 64] [--steps 30] [--warmup 5] [--bucket-view] [--out FILE]
+// Modes: ddp (synced steps), plain (no DDP at all: the baseline loop), no_sync (DDP with every
+// step inside no_sync: compute without communication), allreduce (the raw backend all-reduce of
+// the model's gradient bytes, flat and in DDP's bucket layout).
+// Rank 0 writes one JSON object (to --out, or stdout): step times, samples/s, peak RSS.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include <CLI/CLI.hpp>
+#include <torch/optim/sgd.h>
+
+#include "tandem/comm/process_group.h"
+#include "tandem/ddp/distributed_data_parallel.h"
+#include "workloads.h"
+
+using namespace tandem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Options {
+  std::string model = "mlp", mode = "ddp", out;
+  int64_t batch = 64;
+  int steps = 30, warmup = 5;
+  bool bucket_view = false;
+};
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const double pos = p * (v.size() - 1);
+  const auto lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - lo);
+}
+
+double peak_rss_mb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1024.0;
+}
+
+template <typename Step>
+std::vector<double> time_steps(const Options& o, Step step) {
+  std::vector<double> times;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    auto start = Clock::now();
+    step();
+    if (i >= o.warmup) times.push_back(seconds_since(start));
+  }
+  return times;
+}
+
+template <typename Holder>
+std::vector<double> train(const Options& o, comm::ProcessGroup& pg, int64_t& grad_bytes,
+                          std::vector<int64_t>& bucket_bytes) {
+  torch::manual_seed(0);
+  Holder net;
+  auto [x, y] = bench::synthetic_batch(o.model, o.batch, 100 + pg.rank());
+  for (const auto& p : net->parameters()) grad_bytes += p.numel() * p.element_size();
+  if (o.mode == "plain") {
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    return time_steps(o, [&] {
+      opt.zero_grad();
+      at::cross_entropy_loss(net->forward(x), y).backward();
+      opt.step();
+    });
+  }
+  ddp::DistributedDataParallel model(net, std::shared_ptr<comm::ProcessGroup>(&pg, [](auto*) {}),
+                                     ddp::DistributedDataParallelOptions().gradient_as_bucket_view(o.bucket_view));
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  const bool sync = o.mode == "ddp";
+  auto times = time_steps(o, [&] {
+    opt.zero_grad(/*set_to_none=*/!o.bucket_view);
+    if (sync) {
+      at::cross_entropy_loss(model->forward(x), y).backward();
+    } else {
+      auto guard = model->no_sync();
+      at::cross_entropy_loss(model->forward(x), y).backward();
+    }
+    opt.step();
+  });
+  for (const auto& b : model->reducer().buckets()) bucket_bytes.push_back(b.contents.numel() * b.contents.element_size());
+  return times;
+}
+
+std::vector<double> allreduce(const Options& o, comm::ProcessGroup& pg, int64_t grad_bytes,
+                              const std::vector<int64_t>& bucket_bytes, bool bucketed) {
+  std::vector<at::Tensor> tensors;
+  if (bucketed) {
+    for (auto bytes : bucket_bytes) tensors.push_back(at::ones({bytes / 4}));
+  } else {
+    tensors.push_back(at::ones({grad_bytes / 4}));
+  }
+  return time_steps(o, [&] {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (auto& t : tensors) works.push_back(pg.all_reduce_async(t));
+    for (auto& w : works) pg.wait(w, "benchmark all_reduce");
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"Tandem DDP benchmark (one measurement)"};
+  app.add_option("--model", o.model)->check(CLI::IsMember({"mlp", "cnn", "transformer"}));
+  app.add_option("--mode", o.mode)->check(CLI::IsMember({"ddp", "plain", "no_sync", "allreduce"}));
+  app.add_option("--batch", o.batch)->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps)->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup)->check(CLI::NonNegativeNumber);
+  app.add_flag("--bucket-view", o.bucket_view);
+  app.add_option("--out", o.out);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    at::set_num_threads(1);
+    auto pg = comm::ProcessGroup::create(comm::World::from_env());
+    int64_t grad_bytes = 0;
+    std::vector<int64_t> bucket_bytes;
+    std::vector<double> times;
+    Options probe = o;
+    auto run_model = [&](const Options& opts) {
+      if (o.model == "mlp") return train<bench::Mlp>(opts, *pg, grad_bytes, bucket_bytes);
+      if (o.model == "cnn") return train<bench::Cnn>(opts, *pg, grad_bytes, bucket_bytes);
+      return train<bench::Transformer>(opts, *pg, grad_bytes, bucket_bytes);
+    };
+    double flat_p50 = 0, bucketed_p50 = 0;
+    if (o.mode == "allreduce") {
+      probe.mode = "no_sync";  // learn the gradient bytes and DDP's bucket layout, untimed
+      probe.steps = 1;
+      probe.warmup = 0;
+      run_model(probe);
+      auto flat = allreduce(o, *pg, grad_bytes, bucket_bytes, false);
+      times = allreduce(o, *pg, grad_bytes, bucket_bytes, true);
+      flat_p50 = percentile(flat, 0.5);
+      bucketed_p50 = percentile(times, 0.5);
+    } else {
+      times = run_model(o);
+    }
+    const double p50 = percentile(times, 0.5), p95 = percentile(times, 0.95);
+    at::Tensor mine = at::tensor({p50, peak_rss_mb()}, at::kDouble);
+    auto all = pg->all_gather(mine);  // every rank's numbers reach rank 0
+    if (pg->rank() == 0) {
+      std::string ranks_p50 = "[", ranks_rss = "[";
+      for (int r = 0; r < pg->size(); ++r) {
+        ranks_p50 += (r ? "," : "") + std::to_string(all[r][0].item<double>());
+        ranks_rss += (r ? "," : "") + std::to_string(all[r][1].item<double>());
+      }
+      char json[2048];
+      std::snprintf(json, sizeof(json),
+                    "{\"impl\":\"tandem\",\"model\":\"%s\",\"mode\":\"%s\",\"world\":%d,\"batch\":%lld,"
+                    "\"bucket_view\":%s,\"steps\":%d,\"p50_s\":%.6g,\"p95_s\":%.6g,\"samples_per_s_per_rank\":%.6g,"
+                    "\"grad_bytes\":%lld,\"buckets\":%zu,\"flat_allreduce_p50_s\":%.6g,"
+                    "\"bucketed_allreduce_p50_s\":%.6g,\"rank_p50_s\":%s],\"rank_peak_rss_mb\":%s]}\n",
+                    o.model.c_str(), o.mode.c_str(), pg->size(), static_cast<long long>(o.batch),
+                    o.bucket_view ? "true" : "false", o.steps, p50, p95, o.batch / p50,
+                    static_cast<long long>(grad_bytes), bucket_bytes.size(), flat_p50, bucketed_p50,
+                    ranks_p50.c_str(), ranks_rss.c_str());
+      if (o.out.empty()) {
+        std::fputs(json, stdout);
+      } else {
+        std::ofstream(o.out, std::ios::app) << json;
+      }
+    }
+    pg->barrier();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "tandem_ddp_bench: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
