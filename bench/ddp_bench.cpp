@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <torch/optim/sgd.h>
@@ -42,6 +43,8 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * (pos - lo);
 }
 
+double median_or_zero(const std::vector<double>& v) { return v.empty() ? 0.0 : percentile(v, 0.5); }
+
 double peak_rss_mb() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -59,9 +62,21 @@ std::vector<double> time_steps(const Options& o, Step step) {
   return times;
 }
 
+// Where a step's time goes: forward, backward (including DDP's hooks and the wait for the last
+// bucket), optimizer step. Medians over the timed steps.
+struct Phases {
+  std::vector<double> forward, backward, optimizer;
+  template <typename F>
+  void time(std::vector<double>& into, F&& f) {
+    auto start = Clock::now();
+    f();
+    into.push_back(seconds_since(start));
+  }
+};
+
 template <typename Holder>
 std::vector<double> train(const Options& o, comm::ProcessGroup& pg, int64_t& grad_bytes,
-                          std::vector<int64_t>& bucket_bytes) {
+                          std::vector<int64_t>& bucket_bytes, Phases& phases) {
   torch::manual_seed(0);
   Holder net;
   auto [x, y] = bench::synthetic_batch(o.model, o.batch, 100 + pg.rank());
@@ -70,8 +85,10 @@ std::vector<double> train(const Options& o, comm::ProcessGroup& pg, int64_t& gra
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     return time_steps(o, [&] {
       opt.zero_grad();
-      at::cross_entropy_loss(net->forward(x), y).backward();
-      opt.step();
+      at::Tensor loss;
+      phases.time(phases.forward, [&] { loss = at::cross_entropy_loss(net->forward(x), y); });
+      phases.time(phases.backward, [&] { loss.backward(); });
+      phases.time(phases.optimizer, [&] { opt.step(); });
     });
   }
   ddp::DistributedDataParallel model(net, std::shared_ptr<comm::ProcessGroup>(&pg, [](auto*) {}),
@@ -80,13 +97,14 @@ std::vector<double> train(const Options& o, comm::ProcessGroup& pg, int64_t& gra
   const bool sync = o.mode == "ddp";
   auto times = time_steps(o, [&] {
     opt.zero_grad(/*set_to_none=*/!o.bucket_view);
-    if (sync) {
-      at::cross_entropy_loss(model->forward(x), y).backward();
-    } else {
-      auto guard = model->no_sync();
-      at::cross_entropy_loss(model->forward(x), y).backward();
+    at::Tensor loss;
+    {
+      std::optional<ddp::NoSyncGuard> guard;
+      if (!sync) guard.emplace(*model->core());
+      phases.time(phases.forward, [&] { loss = at::cross_entropy_loss(model->forward(x), y); });
+      phases.time(phases.backward, [&] { loss.backward(); });
     }
-    opt.step();
+    phases.time(phases.optimizer, [&] { opt.step(); });
   });
   for (const auto& b : model->reducer().buckets()) bucket_bytes.push_back(b.contents.numel() * b.contents.element_size());
   return times;
@@ -125,12 +143,13 @@ int main(int argc, char** argv) {
     auto pg = comm::ProcessGroup::create(comm::World::from_env());
     int64_t grad_bytes = 0;
     std::vector<int64_t> bucket_bytes;
+    Phases phases;
     std::vector<double> times;
     Options probe = o;
     auto run_model = [&](const Options& opts) {
-      if (o.model == "mlp") return train<bench::Mlp>(opts, *pg, grad_bytes, bucket_bytes);
-      if (o.model == "cnn") return train<bench::Cnn>(opts, *pg, grad_bytes, bucket_bytes);
-      return train<bench::Transformer>(opts, *pg, grad_bytes, bucket_bytes);
+      if (o.model == "mlp") return train<bench::Mlp>(opts, *pg, grad_bytes, bucket_bytes, phases);
+      if (o.model == "cnn") return train<bench::Cnn>(opts, *pg, grad_bytes, bucket_bytes, phases);
+      return train<bench::Transformer>(opts, *pg, grad_bytes, bucket_bytes, phases);
     };
     double flat_p50 = 0, bucketed_p50 = 0;
     if (o.mode == "allreduce") {
@@ -138,6 +157,7 @@ int main(int argc, char** argv) {
       probe.steps = 1;
       probe.warmup = 0;
       run_model(probe);
+      phases = Phases();
       auto flat = allreduce(o, *pg, grad_bytes, bucket_bytes, false);
       times = allreduce(o, *pg, grad_bytes, bucket_bytes, true);
       flat_p50 = percentile(flat, 0.5);
@@ -159,11 +179,13 @@ int main(int argc, char** argv) {
                     "{\"impl\":\"tandem\",\"model\":\"%s\",\"mode\":\"%s\",\"world\":%d,\"batch\":%lld,"
                     "\"bucket_view\":%s,\"steps\":%d,\"p50_s\":%.6g,\"p95_s\":%.6g,\"samples_per_s_per_rank\":%.6g,"
                     "\"grad_bytes\":%lld,\"buckets\":%zu,\"flat_allreduce_p50_s\":%.6g,"
-                    "\"bucketed_allreduce_p50_s\":%.6g,\"rank_p50_s\":%s],\"rank_peak_rss_mb\":%s]}\n",
+                    "\"bucketed_allreduce_p50_s\":%.6g,\"forward_p50_s\":%.6g,\"backward_p50_s\":%.6g,"
+                    "\"optimizer_p50_s\":%.6g,\"rank_p50_s\":%s],\"rank_peak_rss_mb\":%s]}\n",
                     o.model.c_str(), o.mode.c_str(), pg->size(), static_cast<long long>(o.batch),
                     o.bucket_view ? "true" : "false", o.steps, p50, p95, o.batch / p50,
                     static_cast<long long>(grad_bytes), bucket_bytes.size(), flat_p50, bucketed_p50,
-                    ranks_p50.c_str(), ranks_rss.c_str());
+                    median_or_zero(phases.forward), median_or_zero(phases.backward),
+                    median_or_zero(phases.optimizer), ranks_p50.c_str(), ranks_rss.c_str());
       if (o.out.empty()) {
         std::fputs(json, stdout);
       } else {

@@ -111,6 +111,7 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   void register_comm_hook(CommHook hook) { core_->reducer().register_comm_hook(std::move(hook)); }
 
   ModuleHolder& module() { return module_; }
+  detail::DdpCore* core() { return core_.get(); }
   Reducer& reducer() { return core_->reducer(); }
   const std::shared_ptr<comm::ProcessGroup>& process_group() const { return core_->process_group(); }
 
