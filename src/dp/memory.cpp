@@ -1,0 +1,155 @@
+#include "tandem/dp/memory.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+
+#include <c10/core/CPUAllocator.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+namespace tandem::dp {
+
+struct MemoryTracker::Counters {
+  std::mutex mutex;
+  std::vector<int64_t> live, peak;
+  void add(size_t slot, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (slot >= live.size()) return;
+    live[slot] += bytes;
+    peak[slot] = std::max(peak[slot], live[slot]);
+  }
+};
+
+namespace {
+
+// The thread's current attribution: which tracker's counters, and which replica.
+thread_local const std::shared_ptr<MemoryTracker::Counters>* t_counters = nullptr;
+thread_local size_t t_slot = 0;
+
+// Wraps LibTorch's CPU allocator once per process. Outside a Scope an allocation costs one
+// thread-local read more than before.
+class TrackingAllocator final : public c10::Allocator {
+ public:
+  explicit TrackingAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr inner = inner_->allocate(n);
+    if (!t_counters || n == 0) return inner;
+    auto* record = new Record{std::move(inner), static_cast<int64_t>(n), t_slot, *t_counters};
+    record->counters->add(record->slot, record->bytes);
+    void* data = record->inner.get();
+    const c10::Device device = record->inner.device();
+    return c10::DataPtr(data, record, &Release, device);
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  struct Record {
+    c10::DataPtr inner;
+    int64_t bytes;
+    size_t slot;
+    std::shared_ptr<MemoryTracker::Counters> counters;  // outlives the tracker if it must
+  };
+  static void Release(void* ctx) {
+    auto* record = static_cast<Record*>(ctx);
+    record->counters->add(record->slot, -record->bytes);
+    delete record;
+  }
+  c10::Allocator* inner_;
+};
+
+void install_tracking_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static TrackingAllocator allocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(&allocator, /*priority=*/1);
+  });
+}
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+
+std::string megabytes(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f MB", bytes / 1e6);
+  return text;
+}
+
+}  // namespace
+
+MemoryTracker::MemoryTracker(size_t replicas) : counters_(std::make_shared<Counters>()) {
+  install_tracking_allocator();
+  ensure(replicas);
+}
+
+MemoryTracker::~MemoryTracker() = default;
+
+void MemoryTracker::ensure(size_t replicas) {
+  std::lock_guard<std::mutex> lock(counters_->mutex);
+  if (counters_->live.size() < replicas) {
+    counters_->live.resize(replicas, 0);
+    counters_->peak.resize(replicas, 0);
+  }
+}
+
+MemoryTracker::Scope::Scope(MemoryTracker& tracker, size_t replica)
+    : previous_(const_cast<std::shared_ptr<Counters>*>(t_counters)), previous_slot_(t_slot) {
+  t_counters = &tracker.counters_;
+  t_slot = replica;
+}
+
+MemoryTracker::Scope::~Scope() {
+  t_counters = static_cast<const std::shared_ptr<Counters>*>(previous_);
+  t_slot = previous_slot_;
+}
+
+int64_t MemoryTracker::peak(size_t replica) const {
+  std::lock_guard<std::mutex> lock(counters_->mutex);
+  return replica < counters_->peak.size() ? counters_->peak[replica] : 0;
+}
+
+void MemoryTracker::reset_peaks() {
+  std::lock_guard<std::mutex> lock(counters_->mutex);
+  counters_->peak = counters_->live;
+}
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  int64_t total = 0;
+  for (const auto& [key, state] : optimizer.state()) {
+    (void)key;
+    if (auto* s = dynamic_cast<const torch::optim::SGDParamState*>(state.get())) {
+      total += bytes_of(s->momentum_buffer());
+    } else if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(state.get())) {
+      total += bytes_of(a->exp_avg()) + bytes_of(a->exp_avg_sq()) + bytes_of(a->max_exp_avg_sq());
+    } else if (auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
+      total += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq()) + bytes_of(w->max_exp_avg_sq());
+    } else if (auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(state.get())) {
+      total += bytes_of(r->square_avg()) + bytes_of(r->momentum_buffer()) + bytes_of(r->grad_avg());
+    } else if (auto* g = dynamic_cast<const torch::optim::AdagradParamState*>(state.get())) {
+      total += bytes_of(g->sum());
+    }
+  }
+  return total;
+}
+
+void MemoryReport::add_optimizer(const torch::optim::Optimizer& optimizer) {
+  if (!replicas.empty()) replicas.front().optimizer_bytes += optimizer_state_bytes(optimizer);
+}
+
+std::string MemoryReport::describe() const {
+  std::string out;
+  for (const auto& r : replicas) {
+    out += "replica " + std::to_string(r.replica) + " (" + r.device.str() + "): parameters " +
+           megabytes(r.parameter_bytes) + ", gradients " + megabytes(r.gradient_bytes) + ", activations " +
+           megabytes(r.activation_peak_bytes) + ", optimizer " + megabytes(r.optimizer_bytes) + ", total " +
+           megabytes(r.total()) + "\n";
+  }
+  return out;
+}
+
+}  // namespace tandem::dp
