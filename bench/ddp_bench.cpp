@@ -3,7 +3,9 @@
 //                    [--batch 64] [--steps 30] [--warmup 5] [--bucket-view] [--out FILE]
 // Modes: ddp (synced steps), plain (no DDP at all: the baseline loop), no_sync (DDP with every
 // step inside no_sync: compute without communication), allreduce (the raw backend all-reduce of
-// the model's gradient bytes, flat and in DDP's bucket layout).
+// the model's gradient bytes, flat and in DDP's bucket layout), dp_replicate / dp_persistent
+// (DataParallel over --replicas CPU replicas in one process; --batch is then the whole batch).
+// --threads sets the process's intra-op threads (default 1).
 // Rank 0 writes one JSON object (to --out, or stdout): step times, samples/s, peak RSS.
 #include <sys/resource.h>
 
@@ -19,6 +21,7 @@
 
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/dp/data_parallel.h"
 #include "workloads.h"
 
 using namespace tandem;
@@ -29,7 +32,7 @@ namespace {
 struct Options {
   std::string model = "mlp", mode = "ddp", out;
   int64_t batch = 64;
-  int steps = 30, warmup = 5;
+  int steps = 30, warmup = 5, threads = 1, replicas = 2;
   bool bucket_view = false;
 };
 
@@ -74,6 +77,9 @@ struct Phases {
   }
 };
 
+// DataParallel's per-replica memory totals (bytes), filled by the dp modes.
+std::vector<int64_t> replica_bytes;
+
 template <typename Holder>
 std::vector<double> train(const Options& o, comm::ProcessGroup& pg, int64_t& grad_bytes,
                           std::vector<int64_t>& bucket_bytes, Phases& phases) {
@@ -81,6 +87,25 @@ std::vector<double> train(const Options& o, comm::ProcessGroup& pg, int64_t& gra
   Holder net;
   auto [x, y] = bench::synthetic_batch(o.model, o.batch, 100 + pg.rank());
   for (const auto& p : net->parameters()) grad_bytes += p.numel() * p.element_size();
+  if (o.mode == "dp_replicate" || o.mode == "dp_persistent") {
+    dp::DataParallel model(net, dp::DataParallelOptions()
+                                    .devices(std::vector<c10::Device>(static_cast<size_t>(o.replicas), c10::kCPU))
+                                    .mode(o.mode == "dp_replicate" ? dp::Mode::Replicate : dp::Mode::Persistent),
+                        [] { return Holder(); });
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    model->core().reset_memory_peaks();
+    auto times = time_steps(o, [&] {
+      opt.zero_grad();
+      at::Tensor loss;
+      phases.time(phases.forward, [&] { loss = at::cross_entropy_loss(model->forward(x), y); });
+      phases.time(phases.backward, [&] { loss.backward(); });
+      phases.time(phases.optimizer, [&] { opt.step(); });
+    });
+    auto report = model->memory_report();
+    report.add_optimizer(opt);
+    for (const auto& r : report.replicas) replica_bytes.push_back(r.total());
+    return times;
+  }
   if (o.mode == "plain") {
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     return time_steps(o, [&] {
@@ -131,7 +156,10 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Tandem DDP benchmark (one measurement)"};
   app.add_option("--model", o.model)->check(CLI::IsMember({"mlp", "cnn", "transformer"}));
-  app.add_option("--mode", o.mode)->check(CLI::IsMember({"ddp", "plain", "no_sync", "allreduce"}));
+  app.add_option("--mode", o.mode)
+      ->check(CLI::IsMember({"ddp", "plain", "no_sync", "allreduce", "dp_replicate", "dp_persistent"}));
+  app.add_option("--threads", o.threads)->check(CLI::PositiveNumber);
+  app.add_option("--replicas", o.replicas)->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batch)->check(CLI::PositiveNumber);
   app.add_option("--steps", o.steps)->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup)->check(CLI::NonNegativeNumber);
@@ -139,7 +167,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", o.out);
   CLI11_PARSE(app, argc, argv);
   try {
-    at::set_num_threads(1);
+    at::set_num_threads(o.threads);
     auto pg = comm::ProcessGroup::create(comm::World::from_env());
     int64_t grad_bytes = 0;
     std::vector<int64_t> bucket_bytes;
@@ -169,23 +197,26 @@ int main(int argc, char** argv) {
     at::Tensor mine = at::tensor({p50, peak_rss_mb()}, at::kDouble);
     auto all = pg->all_gather(mine);  // every rank's numbers reach rank 0
     if (pg->rank() == 0) {
-      std::string ranks_p50 = "[", ranks_rss = "[";
+      std::string ranks_p50 = "[", ranks_rss = "[", replicas_json = "[";
+      for (size_t k = 0; k < replica_bytes.size(); ++k) replicas_json += (k ? "," : "") + std::to_string(replica_bytes[k]);
       for (int r = 0; r < pg->size(); ++r) {
         ranks_p50 += (r ? "," : "") + std::to_string(all[r][0].item<double>());
         ranks_rss += (r ? "," : "") + std::to_string(all[r][1].item<double>());
       }
-      char json[2048];
+      char json[4096];
       std::snprintf(json, sizeof(json),
                     "{\"impl\":\"tandem\",\"model\":\"%s\",\"mode\":\"%s\",\"world\":%d,\"batch\":%lld,"
                     "\"bucket_view\":%s,\"steps\":%d,\"p50_s\":%.6g,\"p95_s\":%.6g,\"samples_per_s_per_rank\":%.6g,"
                     "\"grad_bytes\":%lld,\"buckets\":%zu,\"flat_allreduce_p50_s\":%.6g,"
                     "\"bucketed_allreduce_p50_s\":%.6g,\"forward_p50_s\":%.6g,\"backward_p50_s\":%.6g,"
-                    "\"optimizer_p50_s\":%.6g,\"rank_p50_s\":%s],\"rank_peak_rss_mb\":%s]}\n",
+                    "\"optimizer_p50_s\":%.6g,\"threads\":%d,\"replica_bytes\":%s],"
+                    "\"rank_p50_s\":%s],\"rank_peak_rss_mb\":%s]}\n",
                     o.model.c_str(), o.mode.c_str(), pg->size(), static_cast<long long>(o.batch),
                     o.bucket_view ? "true" : "false", o.steps, p50, p95, o.batch / p50,
                     static_cast<long long>(grad_bytes), bucket_bytes.size(), flat_p50, bucketed_p50,
                     median_or_zero(phases.forward), median_or_zero(phases.backward),
-                    median_or_zero(phases.optimizer), ranks_p50.c_str(), ranks_rss.c_str());
+                    median_or_zero(phases.optimizer), o.threads, replicas_json.c_str(), ranks_p50.c_str(),
+                    ranks_rss.c_str());
       if (o.out.empty()) {
         std::fputs(json, stdout);
       } else {
@@ -196,6 +227,9 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     std::fprintf(stderr, "tandem_ddp_bench: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem_ddp_bench: %s\n", comm::one_line(e).c_str());
+    return 1;
   }
   return 0;
 }

@@ -71,7 +71,8 @@ def percentile(values, p):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["mlp", "cnn", "transformer"], default="mlp")
-    ap.add_argument("--mode", choices=["ddp", "plain", "no_sync"], default="ddp")
+    ap.add_argument("--mode", choices=["ddp", "plain", "no_sync", "dp"], default="ddp")
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
@@ -79,7 +80,7 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world > 1 or "MASTER_ADDR" in os.environ:
         dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -87,7 +88,10 @@ def main():
     net = {"mlp": Mlp, "cnn": Cnn, "transformer": Transformer}[a.model]()
     x, y = batch_for(a.model, a.batch, 100 + rank)
     model = net
-    if a.mode != "plain":
+    if a.mode == "dp":
+        # On a machine without GPUs, nn.DataParallel runs the module as is (no replicas).
+        model = nn.DataParallel(net)
+    elif a.mode != "plain":
         model = nn.parallel.DistributedDataParallel(net, gradient_as_bucket_view=a.bucket_view)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
@@ -115,7 +119,7 @@ def main():
     if rank == 0:
         record = dict(impl="pytorch", model=a.model, mode=a.mode, world=world, batch=a.batch,
                       bucket_view=a.bucket_view, steps=a.steps, p50_s=p50, p95_s=p95,
-                      samples_per_s_per_rank=a.batch / p50,
+                      samples_per_s_per_rank=a.batch / p50, threads=a.threads,
                       grad_bytes=sum(p.numel() * p.element_size() for p in net.parameters()),
                       rank_p50_s=[g[0].item() for g in gathered],
                       rank_peak_rss_mb=[g[1].item() for g in gathered])

@@ -90,17 +90,17 @@ DpCore::DpCore(std::shared_ptr<torch::nn::Module> primary, DataParallelOptions o
                Factory factory)
     : primary_(std::move(primary)), options_(std::move(options)), forward_(std::move(forward)),
       factory_(std::move(factory)) {
-  if (options_.devices().empty()) options_.devices(default_devices());
-  options_.devices(checked_devices(options_.devices()));
-  if (!options_.output_device()) options_.output_device(options_.devices().front());
+  options_.devices(checked_devices(options_.devices() ? *options_.devices() : default_devices()));
+  if (!options_.output_device()) options_.output_device(options_.devices()->front());
   checked_devices({*options_.output_device()});
   if (options_.threads_per_replica() < 0) throw Error("DataParallel: threads_per_replica must be >= 0");
 
-  primary_->to(options_.devices().front());
-  memory_ = std::make_unique<MemoryTracker>(options_.devices().size());
+  const auto& devices = *options_.devices();
+  primary_->to(devices.front());
+  memory_ = std::make_unique<MemoryTracker>(devices.size());
   replicas_ = {primary_};
   if (options_.mode() == Mode::Persistent) {
-    for (size_t k = 1; k < options_.devices().size(); ++k) replicas_.push_back(make_replica(options_.devices()[k]));
+    for (size_t k = 1; k < devices.size(); ++k) replicas_.push_back(make_replica(devices[k]));
     // Each replica's gradients are summed into the primary's once its backward has run.
     for (size_t k = 1; k < replicas_.size(); ++k) {
       for (auto& p : replicas_[k]->parameters()) {
@@ -178,7 +178,7 @@ void DpCore::reduce_gradients() {
 at::Tensor DpCore::forward(const at::Tensor& input) {
   if (!input.defined() || input.dim() == 0) throw Error("DataParallel: the input needs a batch dimension (dim 0)");
   if (input.size(0) == 0) throw Error("DataParallel: the batch is empty");
-  const auto& devices = options_.devices();
+  const auto& devices = *options_.devices();
   std::vector<at::Tensor> chunks = input.chunk(static_cast<int64_t>(devices.size()), 0);
   const size_t used = chunks.size();
   last_used_ = used;
@@ -247,7 +247,7 @@ at::Tensor DpCore::forward(const at::Tensor& input) {
 MemoryReport DpCore::memory_report() const {
   MemoryReport report;
   const int64_t params = parameter_bytes(*primary_);
-  const auto& devices = options_.devices();
+  const auto& devices = *options_.devices();
   for (size_t k = 0; k < devices.size(); ++k) {
     DeviceMemory m;
     m.replica = k;
@@ -265,7 +265,7 @@ MemoryReport DpCore::memory_report() const {
 
 void DpCore::reset_memory_peaks() {
   memory_->reset_peaks();
-  for (const auto& d : options_.devices()) {
+  for (const auto& d : *options_.devices()) {
     if (d.is_cuda()) cuda_reset_peak(d.index());
   }
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <unordered_map>
 
 #include <c10/core/CPUAllocator.h>
 #include <torch/optim/adagrad.h>
@@ -30,38 +31,69 @@ namespace {
 thread_local const std::shared_ptr<MemoryTracker::Counters>* t_counters = nullptr;
 thread_local size_t t_slot = 0;
 
-// Wraps LibTorch's CPU allocator once per process. Outside a Scope an allocation costs one
-// thread-local read more than before.
+// Wraps LibTorch's CPU allocator once per process. Outside a Scope an allocation is passed
+// through untouched. A tracked allocation keeps context == data (oneDNN and others allocate
+// "raw" through raw_allocate / raw_deleter, which require it) and is found again by address.
 class TrackingAllocator final : public c10::Allocator {
  public:
-  explicit TrackingAllocator(c10::Allocator* inner) : inner_(inner) {}
+  explicit TrackingAllocator(c10::Allocator* inner) { inner_ = inner; }
 
   c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = inner_->allocate(n);
     if (!t_counters || n == 0) return inner;
-    auto* record = new Record{std::move(inner), static_cast<int64_t>(n), t_slot, *t_counters};
-    record->counters->add(record->slot, record->bytes);
-    void* data = record->inner.get();
-    const c10::Device device = record->inner.device();
-    return c10::DataPtr(data, record, &Release, device);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    c10::DeleterFnPtr deleter = inner.get_deleter();
+    void* context = inner.release_context();
+    Record record{context, deleter, static_cast<int64_t>(n), t_slot, *t_counters};
+    record.counters->add(record.slot, record.bytes);
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      records()[data] = std::move(record);
+    }
+    return c10::DataPtr(data, data, &Release, device);
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &Release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
 
  private:
   struct Record {
-    c10::DataPtr inner;
-    int64_t bytes;
-    size_t slot;
+    void* context = nullptr;
+    c10::DeleterFnPtr deleter = nullptr;
+    int64_t bytes = 0;
+    size_t slot = 0;
     std::shared_ptr<MemoryTracker::Counters> counters;  // outlives the tracker if it must
   };
-  static void Release(void* ctx) {
-    auto* record = static_cast<Record*>(ctx);
-    record->counters->add(record->slot, -record->bytes);
-    delete record;
+  static void Release(void* data) {
+    Record record;
+    bool tracked = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      auto it = records().find(data);
+      if (it != records().end()) {
+        record = std::move(it->second);
+        records().erase(it);
+        tracked = true;
+      }
+    }
+    if (!tracked) {  // a raw allocation made outside any Scope
+      inner_->raw_deleter()(data);
+      return;
+    }
+    record.counters->add(record.slot, -record.bytes);
+    if (record.deleter) record.deleter(record.context);
   }
-  c10::Allocator* inner_;
+  static std::unordered_map<void*, Record>& records() {
+    static auto* map = new std::unordered_map<void*, Record>();  // never destroyed: frees may come late
+    return *map;
+  }
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex();
+    return *m;
+  }
+  static inline c10::Allocator* inner_ = nullptr;
 };
 
 void install_tracking_allocator() {

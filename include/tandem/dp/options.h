@@ -24,14 +24,22 @@ enum class Mode {
 
 struct DataParallelOptions {
   /// One replica per entry; the first is the primary device. CUDA devices must be distinct; the
-  /// CPU may appear several times (N replicas sharing the host's cores). Default: every visible
-  /// GPU, else two CPU replicas.
-  TORCH_ARG(std::vector<c10::Device>, devices);
+  /// CPU may appear several times (N replicas sharing the host's cores). Unset: every visible
+  /// GPU, else two CPU replicas; set but empty: an error.
+  DataParallelOptions& devices(std::vector<c10::Device> devices) {
+    devices_ = std::move(devices);
+    return *this;
+  }
+  const std::optional<std::vector<c10::Device>>& devices() const { return devices_; }
+
   /// Where outputs are gathered. Default: the primary device.
   TORCH_ARG(std::optional<c10::Device>, output_device) = std::nullopt;
   TORCH_ARG(Mode, mode) = Mode::Replicate;
   /// Intra-op threads of each CPU replica's thread. 0: the process's threads divided evenly.
   TORCH_ARG(int, threads_per_replica) = 0;
+
+ private:
+  std::optional<std::vector<c10::Device>> devices_;
 };
 
 }  // namespace tandem::dp

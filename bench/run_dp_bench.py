@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""DataParallel beside DDP and a single device, on the same CPU cores (docs/benchmarks.md).
+
+Same global batch everywhere (128): one device with 2 threads; Tandem DDP and PyTorch DDP with
+2 ranks of 64, 1 thread each; Tandem DataParallel (replicate and persistent) with 2 CPU replicas
+of 64 and 2 threads in all; PyTorch's nn.DataParallel, which on a machine without GPUs runs the
+module as is (so it is the single-device loop in Python). Alternating order, median of repeats.
+The transformer workload is left out: its input is sequence-first, and DataParallel scatters and
+gathers along one dimension (dim 0 here, as PyTorch's default).
+
+  .venv/bin/python bench/run_dp_bench.py [--repeats 3] [--steps 15]
+Writes results/dp_bench/{runs.jsonl,summary.json,summary.md}.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GLOBAL_BATCH = 128
+
+CONFIGS = [
+    # label, impl, mode, world, threads, per-process batch
+    ("single device", "tandem", "plain", 1, 2, GLOBAL_BATCH),
+    ("Tandem DDP", "tandem", "ddp", 2, 1, GLOBAL_BATCH // 2),
+    ("Tandem DP replicate", "tandem", "dp_replicate", 1, 2, GLOBAL_BATCH),
+    ("Tandem DP persistent", "tandem", "dp_persistent", 1, 2, GLOBAL_BATCH),
+    ("PyTorch DDP", "pytorch", "ddp", 2, 1, GLOBAL_BATCH // 2),
+    ("PyTorch DataParallel", "pytorch", "dp", 1, 2, GLOBAL_BATCH),
+]
+
+
+def run(args, model, impl, mode, world, threads, batch, out):
+    tandem = os.path.join(args.build, "bin", "tandem")
+    worker = ([os.path.join(args.build, "bin", "tandem_ddp_bench")] if impl == "tandem"
+              else [args.python, os.path.join(ROOT, "bench", "ddp_bench_peer.py")])
+    cmd = [tandem, "run", "--nproc-per-node", str(world), "--"] + worker + [
+        "--model", model, "--mode", mode, "--batch", str(batch), "--threads", str(threads),
+        "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", out]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        sys.stderr.write(r.stdout[-3000:])
+        raise SystemExit(f"benchmark run failed: {' '.join(cmd)}")
+    with open(out) as f:
+        return json.loads(f.read().strip().splitlines()[-1])
+
+
+def spread(v):
+    return dict(median=statistics.median(v), min=min(v), max=max(v))
+
+
+def fmt(s, digits=2):
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}..{s['max']:.{digits}f})"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--python", default=os.path.join(ROOT, ".venv", "bin", "python"))
+    ap.add_argument("--out-dir", default=os.path.join(ROOT, "results", "dp_bench"))
+    args = ap.parse_args()
+    os.makedirs(args.out_dir, exist_ok=True)
+    runs_path = os.path.join(args.out_dir, "runs.jsonl")
+    open(runs_path, "w").close()
+    plan = [(m, r, c) for m in args.models.split(",") for r in range(args.repeats)
+            for c in (CONFIGS if r % 2 == 0 else CONFIGS[::-1])]
+    records, started = [], time.time()
+    for i, (model, repeat, (label, impl, mode, world, threads, batch)) in enumerate(plan, 1):
+        tmp = os.path.join(args.out_dir, "last.jsonl")
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        rec = run(args, model, impl, mode, world, threads, batch, tmp)
+        rec.update(label=label, repeat=repeat, global_samples_per_s=GLOBAL_BATCH / max(rec["rank_p50_s"]))
+        records.append(rec)
+        with open(runs_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        eta = (time.time() - started) / i * (len(plan) - i)
+        print(f"[{i}/{len(plan)}] {model:4s} {label:22s} repeat {repeat}: {rec['global_samples_per_s']:8.1f} samples/s "
+              f"(eta {eta / 60:.1f} min)", flush=True)
+
+    summary, lines = {}, [
+        f"Global batch {GLOBAL_BATCH}, 2 CPU cores; medians over {args.repeats} repeats (min..max); "
+        "throughput = global samples/s (slowest rank's p50 step).\n",
+        "| workload | configuration | samples/s | ÷ Tandem DDP | step p50 (ms) | memory per device (MB, primary / other) |",
+        "|---|---|---|---|---|---|"]
+    for model in args.models.split(","):
+        by = {}
+        for r in records:
+            if r["model"] == model:
+                by.setdefault(r["label"], {})[r["repeat"]] = r
+        reps = sorted(by["Tandem DDP"])
+        summary[model] = {}
+        for label, *_ in CONFIGS:
+            tput = spread([by[label][k]["global_samples_per_s"] for k in reps])
+            ratio = spread([by[label][k]["global_samples_per_s"] / by["Tandem DDP"][k]["global_samples_per_s"] for k in reps])
+            step = spread([max(by[label][k]["rank_p50_s"]) * 1e3 for k in reps])
+            mem = by[label][reps[0]].get("replica_bytes") or []
+            summary[model][label] = dict(samples_per_s=tput, ratio_vs_tandem_ddp=ratio, step_ms=step, replica_bytes=mem)
+            mem_text = f"{mem[0] / 1e6:.1f} / {mem[1] / 1e6:.1f}" if len(mem) >= 2 else "-"
+            lines.append(f"| {model} | {label} | {fmt(tput, 0)} | {fmt(ratio)} | {fmt(step, 1)} | {mem_text} |")
+    with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out_dir, "summary.md"), "w") as f:
+        f.write(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
