@@ -173,9 +173,17 @@ TEST(DataParallel, BatchNormStatisticsComeFromChunkZero) {
     EXPECT_TRUE(at::allclose(primary->bn->running_var, reference->bn->running_var, 1e-6, 1e-7));
     EXPECT_EQ(primary->bn->num_batches_tracked.item<int64_t>(), 3);
     if (mode == Mode::Persistent) {
-      model->forward(at::randn({9, 10}));  // replicas start from the primary's buffers
+      // Replicas start every forward from the primary's buffers: replica 1's statistics after a
+      // forward are the primary's previous ones updated by chunk 1 alone.
+      auto snapshot = std::dynamic_pointer_cast<BnNetImpl>(primary->clone());
+      at::Tensor x = at::randn({9, 10}) * 3 - 1;
+      model->forward(x);
+      snapshot->forward(x.narrow(0, 3, 3));
       const auto& replicas = model->core().replicas();
       ASSERT_EQ(replicas.size(), 3u);
+      auto replica1 = std::dynamic_pointer_cast<BnNetImpl>(replicas[1]);
+      EXPECT_TRUE(at::allclose(replica1->bn->running_mean, snapshot->bn->running_mean, 1e-6, 1e-7));
+      EXPECT_TRUE(at::allclose(replica1->bn->running_var, snapshot->bn->running_var, 1e-6, 1e-7));
     }
   }
 }
