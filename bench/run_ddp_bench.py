@@ -13,12 +13,9 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
-import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from harness import ROOT, alternating, fmt, launch, run_plan, spread
 
 
 def configs(model):
@@ -37,26 +34,6 @@ def configs(model):
     ]
 
 
-def run_one(args, impl, mode, world, model, extra, out):
-    tandem = os.path.join(args.build, "bin", "tandem")
-    if impl == "tandem":
-        worker = [os.path.join(args.build, "bin", "tandem_ddp_bench")]
-    else:
-        worker = [args.python, os.path.join(ROOT, "bench", "ddp_bench_peer.py")]
-    cmd = [tandem, "run", "--nproc-per-node", str(world), "--"] + worker + [
-        "--model", model, "--mode", mode, "--batch", str(args.batch), "--steps", str(args.steps),
-        "--warmup", str(args.warmup), "--out", out] + extra
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if result.returncode != 0:
-        sys.stderr.write(result.stdout[-3000:])
-        raise SystemExit(f"benchmark run failed: {' '.join(cmd)}")
-
-
-def spread(values):
-    return dict(median=statistics.median(values), min=min(values), max=max(values), n=len(values))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
@@ -70,32 +47,21 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     runs_path = os.path.join(args.out_dir, "runs.jsonl")
-    open(runs_path, "w").close()
 
     models = args.models.split(",")
-    plan = []
-    for model in models:
-        for repeat in range(args.repeats):
-            order = configs(model)
-            if repeat % 2:
-                order = order[::-1]
-            plan += [(model, repeat, c) for c in order]
-    records = []
-    started = time.time()
-    for i, (model, repeat, (label, impl, mode, world, extra)) in enumerate(plan, 1):
-        tmp = os.path.join(args.out_dir, "last.jsonl")
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        run_one(args, impl, mode, world, model, extra, tmp)
-        with open(tmp) as f:
-            rec = json.loads(f.read().strip().splitlines()[-1])
-        rec.update(label=label, repeat=repeat)
-        records.append(rec)
-        with open(runs_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        eta = (time.time() - started) / i * (len(plan) - i)
-        print(f"[{i}/{len(plan)}] {model:11s} {label:20s} repeat {repeat}: p50 {rec['p50_s'] * 1e3:8.2f} ms, "
-              f"{rec['samples_per_s_per_rank']:8.1f} samples/s/rank  (eta {eta / 60:.1f} min)", flush=True)
+    plan = [(model, repeat, config) for model in models for repeat, config in alternating(configs(model), args.repeats)]
+
+    def run_one(item):
+        model, repeat, (label, impl, mode, world, extra) = item
+        worker_args = ["--model", model, "--mode", mode, "--batch", str(args.batch), "--steps", str(args.steps),
+                       "--warmup", str(args.warmup)] + extra
+        record = launch(args.build, args.python, impl, world, worker_args, 1, os.path.join(args.out_dir, "last.jsonl"))
+        record.update(label=label, repeat=repeat)
+        return record
+
+    records = run_plan(plan, run_one, runs_path, lambda item, r: (
+        f"{item[0]:11s} {item[2][0]:20s} repeat {item[1]}: p50 {r['p50_s'] * 1e3:8.2f} ms, "
+        f"{r['samples_per_s_per_rank']:8.1f} samples/s/rank"))
 
     summary = summarize(records, models)
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
@@ -138,8 +104,7 @@ def summarize(records, models):
             ddp_w1_vs_plain=ratio(lambda k: tp("tandem ddp w1", k) / tp("tandem plain w1", k)),
             exposed_comm_ms_tandem=ratio(lambda k: (p50("tandem ddp w2", k) - p50("tandem no_sync w2", k)) * 1e3),
             exposed_comm_ms_pytorch=ratio(lambda k: (p50("pytorch ddp w2", k) - p50("pytorch no_sync w2", k)) * 1e3),
-            peak_rss_mb_ddp_view_w2=metric("tandem ddp w2 view", "rank_peak_rss_mb") if False else spread(
-                [max(by["tandem ddp w2 view"][k]["rank_peak_rss_mb"]) for k in repeats]),
+            peak_rss_mb_ddp_view_w2=spread([max(by["tandem ddp w2 view"][k]["rank_peak_rss_mb"]) for k in repeats]),
             peak_rss_mb_plain_w1=spread([max(by["tandem plain w1"][k]["rank_peak_rss_mb"]) for k in repeats]),
             peak_rss_ratio_view_vs_plain=ratio(lambda k: max(by["tandem ddp w2 view"][k]["rank_peak_rss_mb"]) /
                                                max(by["tandem plain w1"][k]["rank_peak_rss_mb"])),
@@ -150,10 +115,6 @@ def summarize(records, models):
         )
         out[model] = m
     return out
-
-
-def fmt(s, unit="", digits=2):
-    return f"{s['median']:.{digits}f}{unit} ({s['min']:.{digits}f}..{s['max']:.{digits}f})"
 
 
 def markdown(summary, args):

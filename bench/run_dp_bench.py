@@ -14,12 +14,8 @@ Writes results/dp_bench/{runs.jsonl,summary.json,summary.md}.
 import argparse
 import json
 import os
-import statistics
-import subprocess
-import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from harness import ROOT, alternating, fmt, launch, run_plan, spread
 GLOBAL_BATCH = 128
 
 CONFIGS = [
@@ -31,30 +27,6 @@ CONFIGS = [
     ("PyTorch DDP", "pytorch", "ddp", 2, 1, GLOBAL_BATCH // 2),
     ("PyTorch DataParallel", "pytorch", "dp", 1, 2, GLOBAL_BATCH),
 ]
-
-
-def run(args, model, impl, mode, world, threads, batch, out):
-    tandem = os.path.join(args.build, "bin", "tandem")
-    worker = ([os.path.join(args.build, "bin", "tandem_ddp_bench")] if impl == "tandem"
-              else [args.python, os.path.join(ROOT, "bench", "ddp_bench_peer.py")])
-    cmd = [tandem, "run", "--nproc-per-node", str(world), "--"] + worker + [
-        "--model", model, "--mode", mode, "--batch", str(batch), "--threads", str(threads),
-        "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", out]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        sys.stderr.write(r.stdout[-3000:])
-        raise SystemExit(f"benchmark run failed: {' '.join(cmd)}")
-    with open(out) as f:
-        return json.loads(f.read().strip().splitlines()[-1])
-
-
-def spread(v):
-    return dict(median=statistics.median(v), min=min(v), max=max(v))
-
-
-def fmt(s, digits=2):
-    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}..{s['max']:.{digits}f})"
 
 
 def main():
@@ -69,22 +41,18 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     runs_path = os.path.join(args.out_dir, "runs.jsonl")
-    open(runs_path, "w").close()
-    plan = [(m, r, c) for m in args.models.split(",") for r in range(args.repeats)
-            for c in (CONFIGS if r % 2 == 0 else CONFIGS[::-1])]
-    records, started = [], time.time()
-    for i, (model, repeat, (label, impl, mode, world, threads, batch)) in enumerate(plan, 1):
-        tmp = os.path.join(args.out_dir, "last.jsonl")
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        rec = run(args, model, impl, mode, world, threads, batch, tmp)
+    plan = [(m, r, c) for m in args.models.split(",") for r, c in alternating(CONFIGS, args.repeats)]
+
+    def run_one(item):
+        model, repeat, (label, impl, mode, world, threads, batch) = item
+        worker_args = ["--model", model, "--mode", mode, "--batch", str(batch), "--steps", str(args.steps),
+                       "--warmup", str(args.warmup)]
+        rec = launch(args.build, args.python, impl, world, worker_args, threads, os.path.join(args.out_dir, "last.jsonl"))
         rec.update(label=label, repeat=repeat, global_samples_per_s=GLOBAL_BATCH / max(rec["rank_p50_s"]))
-        records.append(rec)
-        with open(runs_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        eta = (time.time() - started) / i * (len(plan) - i)
-        print(f"[{i}/{len(plan)}] {model:4s} {label:22s} repeat {repeat}: {rec['global_samples_per_s']:8.1f} samples/s "
-              f"(eta {eta / 60:.1f} min)", flush=True)
+        return rec
+
+    records = run_plan(plan, run_one, runs_path, lambda item, r: (
+        f"{item[0]:4s} {item[2][0]:22s} repeat {item[1]}: {r['global_samples_per_s']:8.1f} samples/s"))
 
     summary, lines = {}, [
         f"Global batch {GLOBAL_BATCH}, 2 CPU cores; medians over {args.repeats} repeats (min..max); "
@@ -105,7 +73,7 @@ def main():
             mem = by[label][reps[0]].get("replica_bytes") or []
             summary[model][label] = dict(samples_per_s=tput, ratio_vs_tandem_ddp=ratio, step_ms=step, replica_bytes=mem)
             mem_text = f"{mem[0] / 1e6:.1f} / {mem[1] / 1e6:.1f}" if len(mem) >= 2 else "-"
-            lines.append(f"| {model} | {label} | {fmt(tput, 0)} | {fmt(ratio)} | {fmt(step, 1)} | {mem_text} |")
+            lines.append(f"| {model} | {label} | {fmt(tput, digits=0)} | {fmt(ratio)} | {fmt(step, digits=1)} | {mem_text} |")
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     table = "\n".join(lines) + "\n"

@@ -6,29 +6,15 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "../common/ready_hook.h"
 #include "tandem/error.h"
 
 namespace tandem::ddp {
 namespace {
 
 using torch::autograd::Node;
-
-// Runs a callback after an AccumulateGrad node has written the gradient.
-class ReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 std::vector<TensorSpec> specs_of(const std::vector<at::Tensor>& parameters) {
   std::vector<TensorSpec> specs;
@@ -61,7 +47,7 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   used_locally_.assign(parameters_.size(), 0);
   for (size_t i = 0; i < parameters_.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[i]);
-    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<ReadyHook>([this, i] { autograd_hook(i); })));
+    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<tandem::detail::ReadyHook>([this, i] { autograd_hook(i); })));
     grad_accumulators_.push_back(std::move(accumulator));
   }
 }

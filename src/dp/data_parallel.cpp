@@ -8,30 +8,17 @@
 #include <ATen/ThreadLocalState.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/parallel/data_parallel.h>
 
 #include "cuda_memory.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/comm/process_group.h"  // one_line
+#include "../common/ready_hook.h"
 #include "tandem/error.h"
 
 namespace tandem::dp::detail {
 namespace {
-
-class ReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 std::vector<c10::Device> checked_devices(std::vector<c10::Device> devices) {
   const int gpus = comm::cuda_device_count();
@@ -106,7 +93,7 @@ DpCore::DpCore(std::shared_ptr<torch::nn::Module> primary, DataParallelOptions o
       for (auto& p : replicas_[k]->parameters()) {
         if (!p.requires_grad()) continue;
         auto accumulator = torch::autograd::impl::grad_accumulator(p);
-        auto key = accumulator->add_post_hook(std::make_unique<ReadyHook>([this] { arm_gradient_reduction(); }));
+        auto key = accumulator->add_post_hook(std::make_unique<tandem::detail::ReadyHook>([this] { arm_gradient_reduction(); }));
         hooks_.emplace_back(std::move(accumulator), key);
       }
     }
