@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 
@@ -64,9 +65,20 @@ bool OutputPump::on_ready(int fd) {
 }
 
 void OutputPump::drain() {
-  for (auto& s : streams_) {
-    while (s.fd >= 0) read_from(s);
+  // The workers have exited; what is left is buffered output. A descendant that left the
+  // worker's process group (setsid) could hold a pipe open forever: stop waiting after 2 s.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    std::vector<pollfd> fds;
+    fill(fds);
+    if (fds.empty()) return;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || ::poll(fds.data(), fds.size(), static_cast<int>(left.count())) <= 0) break;
+    for (const auto& p : fds) {
+      if (p.revents) on_ready(p.fd);
+    }
   }
+  for (auto& s : streams_) finish(s);
 }
 
 void OutputPump::read_from(Stream& s) {

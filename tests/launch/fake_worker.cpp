@@ -8,6 +8,8 @@
 //   sleep                 sleep until killed
 //   ignore-term           ignore SIGTERM and SIGINT, sleep until killed
 //   spawn-child           start a child (pid in DIR/child_<RANK>.pid) that sleeps; both sleep
+//   escape-child          start a child that leaves the process group (setsid) holding stdout
+//                         open (pid in DIR/escaped_<RANK>.pid), then exit 0
 #include <signal.h>
 #include <unistd.h>
 
@@ -84,6 +86,15 @@ int main(int argc, char** argv) {
     if (child == 0) sleep_forever();
     write_file(dir + "/child_" + std::to_string(rank) + ".pid", std::to_string(child));
     sleep_forever();
+  }
+  if (mode == "escape-child") {
+    pid_t child = ::fork();
+    if (child == 0) {
+      ::setsid();
+      sleep_forever();
+    }
+    write_file(dir + "/escaped_" + std::to_string(rank) + ".pid", std::to_string(child));
+    return 0;
   }
   std::fprintf(stderr, "fake_worker: unknown mode %s\n", mode.c_str());
   return 64;

@@ -252,6 +252,15 @@ TEST(Launcher, WorkersDieWithALauncherKilledBySigkill) {
   expect_all_gone(pids);
 }
 
+TEST(Launcher, AnEscapedDescendantHoldingTheOutputDoesNotHangTheLauncher) {
+  TempDir dir;
+  Launcher l(dir, {"--nproc-per-node", "1", "--", FAKE_WORKER, "escape-child", dir.path()});
+  pid_t escaped = wait_for_pid(dir / "escaped_0.pid");
+  EXPECT_EQ(l.wait(10s), 0);
+  EXPECT_LT(l.seconds(), 6.0);
+  if (escaped > 0) ::kill(escaped, SIGKILL);  // it left our process group on purpose
+}
+
 TEST(Launcher, ABusyExplicitPortIsAClearError) {
   TempDir dir;
   int port = tandem::comm::pick_free_port();

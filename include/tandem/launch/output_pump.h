@@ -24,7 +24,7 @@ class OutputPump {
   void fill(std::vector<pollfd>& fds) const;
   /// Reads what is ready on `fd`. Returns false if fd is not one of ours.
   bool on_ready(int fd);
-  /// Reads everything left until every pipe is closed (after all workers exited).
+  /// Reads what is left after all workers exited, until every pipe closes (2 s at most).
   void drain();
 
   std::string stdout_log(int rank) const;
