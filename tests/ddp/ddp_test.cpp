@@ -21,6 +21,8 @@
 #include <torch/nn/modules/pooling.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/distributed_data_parallel.h"
@@ -386,6 +388,29 @@ TEST(DdpBucketView, GradientsAreViewsOfTheBucketsAndAddNoMemory) {
                 static_cast<long long>(bucket_bytes), static_cast<long long>(grad_bytes_outside_buckets));
     EXPECT_EQ(grad_bytes_outside_buckets, views ? 0 : bucket_bytes);
   }
+}
+
+// ---- hooks ----------------------------------------------------------------------------------
+
+TEST(DdpHooks, DestroyingDdpRemovesItsHooks) {
+  Mlp local;
+  auto hooks = [&] {
+    size_t n = 0;
+    for (const auto& p : local->parameters()) n += torch::autograd::impl::grad_accumulator(p)->post_hooks().size();
+    return n;
+  };
+  {
+    DistributedDataParallel model(local, g_pg);
+    EXPECT_EQ(hooks(), local->parameters().size());  // one per parameter
+    Batch mine = shard(global_batch(0), R(), W());
+    loss_of(model->forward(mine.x), mine.y).backward();
+  }
+  EXPECT_EQ(hooks(), 0u);
+  // The bare module trains alone afterwards: its backward involves no reducer.
+  Batch mine = shard(global_batch(1), R(), W());
+  local->zero_grad();
+  loss_of(local->forward(mine.x), mine.y).backward();
+  EXPECT_TRUE(local->fc1->weight.grad().defined());
 }
 
 // ---- errors that every rank hits together -----------------------------------------------------
