@@ -1,5 +1,6 @@
 """The one harness every benchmark orchestrator uses: launch a measurement through `tandem run`,
 walk a plan with progress and an ETA, summarise repeats as median and min..max. Stdlib only."""
+import argparse
 import json
 import os
 import statistics
@@ -8,6 +9,24 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_arguments(description, name, repeats, steps, models, extra=None):
+    """The flags every orchestrator takes; `extra(parser)` adds its own. Creates --out-dir and
+    returns (args, path of runs.jsonl)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--repeats", type=int, default=repeats)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--models", default=models)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--python", default=os.path.join(ROOT, ".venv", "bin", "python"))
+    ap.add_argument("--out-dir", default=os.path.join(ROOT, "results", name))
+    if extra:
+        extra(ap)
+    args = ap.parse_args()
+    os.makedirs(args.out_dir, exist_ok=True)
+    return args, os.path.join(args.out_dir, "runs.jsonl")
 
 
 def launch(build, python, impl, world, worker_args, threads, out):

@@ -9,13 +9,12 @@ Stdlib only; the binaries and the peer script do the measuring.
   .venv/bin/python bench/run_ddp_bench.py [--repeats 5] [--steps 20] [--models mlp,cnn,transformer]
 Writes results/ddp_bench/{runs.jsonl,summary.json,summary.md,throughput.png}.
 """
-import argparse
 import json
 import os
 import shutil
 import subprocess
 
-from harness import ROOT, alternating, fmt, launch, run_plan, spread
+from harness import alternating, fmt, launch, parse_arguments, run_plan, spread
 
 
 def configs(model):
@@ -35,18 +34,8 @@ def configs(model):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--models", default="mlp,cnn,transformer")
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--python", default=os.path.join(ROOT, ".venv", "bin", "python"))
-    ap.add_argument("--out-dir", default=os.path.join(ROOT, "results", "ddp_bench"))
-    args = ap.parse_args()
-    os.makedirs(args.out_dir, exist_ok=True)
-    runs_path = os.path.join(args.out_dir, "runs.jsonl")
+    args, runs_path = parse_arguments(__doc__, "ddp_bench", repeats=5, steps=20, models="mlp,cnn,transformer",
+                                      extra=lambda ap: ap.add_argument("--batch", type=int, default=64))
 
     models = args.models.split(",")
     plan = [(model, repeat, config) for model in models for repeat, config in alternating(configs(model), args.repeats)]

@@ -11,11 +11,10 @@ gathers along one dimension (dim 0 here, as PyTorch's default).
   .venv/bin/python bench/run_dp_bench.py [--repeats 3] [--steps 15]
 Writes results/dp_bench/{runs.jsonl,summary.json,summary.md}.
 """
-import argparse
 import json
 import os
 
-from harness import ROOT, alternating, fmt, launch, run_plan, spread
+from harness import alternating, fmt, launch, parse_arguments, run_plan, spread
 GLOBAL_BATCH = 128
 
 CONFIGS = [
@@ -30,17 +29,7 @@ CONFIGS = [
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=15)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--models", default="mlp,cnn")
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--python", default=os.path.join(ROOT, ".venv", "bin", "python"))
-    ap.add_argument("--out-dir", default=os.path.join(ROOT, "results", "dp_bench"))
-    args = ap.parse_args()
-    os.makedirs(args.out_dir, exist_ok=True)
-    runs_path = os.path.join(args.out_dir, "runs.jsonl")
+    args, runs_path = parse_arguments(__doc__, "dp_bench", repeats=3, steps=15, models="mlp,cnn")
     plan = [(m, r, c) for m in args.models.split(",") for r, c in alternating(CONFIGS, args.repeats)]
 
     def run_one(item):
