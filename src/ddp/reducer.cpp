@@ -120,7 +120,7 @@ void Reducer::prepare_for_forward() {
   build_buckets(compute_bucket_assignment(specs_of(parameters_), bucket_size_limits(options_), order));
   reset_iteration();
   rebuild_pending_ = false;
-  rebuilt_ = true;
+  arrival_order_.clear();  // recorded in the first iteration only; not needed again
 }
 
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
@@ -281,7 +281,7 @@ void Reducer::finalize_backward() {
     }
   }
   const bool rebuild_allowed = !options_.find_unused_parameters() || options_.static_graph();
-  if (!rebuilt_ && rebuild_allowed && iteration_ == 0) rebuild_pending_ = true;
+  if (rebuild_allowed && iteration_ == 0) rebuild_pending_ = true;  // once: after the first iteration
   reset_iteration();
   ++iteration_;
 }

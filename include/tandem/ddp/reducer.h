@@ -101,7 +101,6 @@ class Reducer {
   // Rebuilding from the arrival order of the first synced backward.
   std::vector<int64_t> arrival_order_;
   bool rebuild_pending_ = false;
-  bool rebuilt_ = false;
   int bucket_builds_ = 0;
   int64_t iteration_ = 0;
 };
