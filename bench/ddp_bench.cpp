@@ -90,10 +90,11 @@ std::vector<double> train(const Options& o, comm::ProcessGroup& pg, int64_t& gra
   if (o.mode == "dp_replicate" || o.mode == "dp_persistent") {
     dp::DataParallel model(net, dp::DataParallelOptions()
                                     .devices(std::vector<c10::Device>(static_cast<size_t>(o.replicas), c10::kCPU))
-                                    .mode(o.mode == "dp_replicate" ? dp::Mode::Replicate : dp::Mode::Persistent),
+                                    .mode(o.mode == "dp_replicate" ? dp::Mode::Replicate : dp::Mode::Persistent)
+                                    .track_cpu_memory(true),
                         [] { return Holder(); });
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-    model->core().reset_memory_peaks();
+    model->reset_memory_peaks();
     auto times = time_steps(o, [&] {
       opt.zero_grad();
       at::Tensor loss;
@@ -123,15 +124,14 @@ std::vector<double> train(const Options& o, comm::ProcessGroup& pg, int64_t& gra
   auto times = time_steps(o, [&] {
     opt.zero_grad(/*set_to_none=*/!o.bucket_view);
     at::Tensor loss;
-    {
-      std::optional<ddp::NoSyncGuard> guard;
-      if (!sync) guard.emplace(*model->core());
-      phases.time(phases.forward, [&] { loss = at::cross_entropy_loss(model->forward(x), y); });
-      phases.time(phases.backward, [&] { loss.backward(); });
-    }
+    model->set_require_backward_grad_sync(sync);  // the no_sync measurement: local accumulation only
+    phases.time(phases.forward, [&] { loss = at::cross_entropy_loss(model->forward(x), y); });
+    phases.time(phases.backward, [&] { loss.backward(); });
     phases.time(phases.optimizer, [&] { opt.step(); });
   });
-  for (const auto& b : model->reducer().buckets()) bucket_bytes.push_back(b.contents.numel() * b.contents.element_size());
+  for (const auto& b : model->reducer().buckets()) {
+    if (b.contents.defined()) bucket_bytes.push_back(b.contents.numel() * b.contents.element_size());
+  }
   return times;
 }
 
@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tandem_ddp_bench: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tandem_ddp_bench: %s\n", comm::one_line(e).c_str());
+    std::fprintf(stderr, "tandem_ddp_bench: %s\n", tandem::one_line(e).c_str());
     return 1;
   }
   return 0;

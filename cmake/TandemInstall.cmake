@@ -2,10 +2,12 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS tandem tandem_cli EXPORT TandemTargets
+install(TARGETS tandem EXPORT TandemTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(TARGETS tandem_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# bin/tandem finds its LibTorch helper at ../libexec/tandem/ (Note [Two binaries]).
+install(TARGETS tandem_torch_cli RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/tandem)
 install(DIRECTORY include/tandem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES cmake/TandemTorch.cmake DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Tandem)
 install(EXPORT TandemTargets NAMESPACE tandem:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Tandem)

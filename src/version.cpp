@@ -6,12 +6,6 @@ namespace tandem {
 
 const char* version() { return TANDEM_VERSION; }
 const char* built_with_torch_version() { return TANDEM_TORCH_VERSION; }
-bool built_with_cuda() {
-#ifdef TANDEM_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
+bool built_with_cuda() { return TANDEM_BUILT_WITH_CUDA != 0; }
 
 }  // namespace tandem

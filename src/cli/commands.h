@@ -1,7 +1,15 @@
 #pragma once
-// The subcommands of the `tandem` binary; each registers its flags on the app and returns the
+// The subcommands of the `tandem` binaries; each registers its flags on the app and returns the
 // function to run when it was chosen. Only binaries exit: library code throws tandem::Error.
+//
+// Note [Two binaries]
+// `tandem` itself links no LibTorch: `tandem run` starts workers that load LibTorch themselves,
+// and a launcher that paid 0.4 s and 450 MiB for libraries it never uses would delay every
+// launch and restart. Subcommands that need LibTorch (`env`) live in the helper `tandem-torch`
+// (installed in libexec/tandem/), which `tandem` executes in its place.
 #include <functional>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -12,6 +20,14 @@ using Command = std::function<int()>;
 /// `tandem run` takes its worker command after `--`; main() splits the arguments there before
 /// CLI11 sees them, so that nothing of the worker's is parsed (or reordered) as ours.
 Command add_run_command(CLI::App& app, const std::vector<std::string>& after_separator);
+/// A subcommand that `tandem-torch` implements: this registers its name and help, and the
+/// returned command replaces this process with the helper.
+Command add_helper_command(CLI::App& app, const std::string& name, const std::string& description);
 Command add_env_command(CLI::App& app);
+
+/// Parses argv and runs the chosen subcommand; the exit code of `tandem` and `tandem-torch`
+/// (0 success, 1 a worker or the job failed, 2 bad input, 128+N stopped by signal N).
+int run_cli(CLI::App& app, int argc, char** argv,
+            const std::function<std::vector<Command>(CLI::App&, const std::vector<std::string>&)>& add_commands);
 
 }  // namespace tandem::cli

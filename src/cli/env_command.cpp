@@ -5,7 +5,7 @@
 
 #include <ATen/Parallel.h>
 
-#include "commands.h"
+#include "cli/commands.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/comm/world.h"
 #include "tandem/error.h"

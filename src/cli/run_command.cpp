@@ -1,10 +1,10 @@
 // `tandem run`: the torchrun counterpart. Flags keep torchrun's names (both --a-b and --a_b).
 #include <thread>
 
-#include "commands.h"
-#include "tandem/comm/cuda_info.h"
+#include "cli/commands.h"
+#include "launch/gpu_count.h"
 #include "tandem/error.h"
-#include "tandem/launch/supervisor.h"
+#include "launch/supervisor.h"
 
 namespace tandem::cli {
 
@@ -44,7 +44,7 @@ Command add_run_command(CLI::App& app, const std::vector<std::string>& after_sep
     }
     options->grace_period = std::chrono::milliseconds(static_cast<long>(*grace_seconds * 1000));
     const bool needs_gpu_count = options->nproc_per_node == "gpu" || options->nproc_per_node == "auto";
-    launch::resolve(*options, needs_gpu_count ? comm::cuda_device_count() : 0,
+    launch::resolve(*options, needs_gpu_count ? launch::visible_gpu_count() : 0,
                     static_cast<int>(std::thread::hardware_concurrency()));
     return launch::Supervisor(*options).run();
   };

@@ -1,4 +1,4 @@
-#include "nccl_backend.h"
+#include "comm/nccl_backend.h"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <c10/cuda/CUDAFunctions.h>

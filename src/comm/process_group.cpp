@@ -7,7 +7,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "nccl_backend.h"
+#include "comm/nccl_backend.h"
 #include "tandem/comm/net.h"
 #include "tandem/error.h"
 
@@ -63,35 +63,26 @@ const char* to_string(ReduceOp op) {
   return "?";
 }
 
-std::string one_line(const std::exception& e) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  std::string text = c10_error ? c10_error->what_without_backtrace() : e.what();
-  auto start = text.find_first_not_of(" \n");
-  if (start == std::string::npos) return "unknown error";
-  auto end = text.find('\n', start);
-  return text.substr(start, end == std::string::npos ? std::string::npos : end - start);
-}
-
 ProcessGroup::ProcessGroup(World world, ProcessGroupOptions options)
     : world_(std::move(world)), options_(options) {}
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const World& world,
                                                    const ProcessGroupOptions& options) {
-  if (options.timeout.count() <= 0) throw Error("ProcessGroupOptions.timeout must be positive");
-  if (options.gloo_threads < 1) throw Error("ProcessGroupOptions.gloo_threads must be >= 1");
+  if (options.timeout().count() <= 0) throw Error("ProcessGroupOptions.timeout must be positive");
+  if (options.gloo_threads() < 1) throw Error("ProcessGroupOptions.gloo_threads must be >= 1");
   std::shared_ptr<ProcessGroup> pg(new ProcessGroup(world, options));
-  pg->store_ = rendezvous(world, options.rendezvous_timeout);
+  pg->store_ = rendezvous(world, options.rendezvous_timeout());
   try {
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    gloo_options->threads = options.gloo_threads;
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
+    gloo_options->threads = options.gloo_threads();
     gloo_options->devices.push_back(gloo_device(world));
     pg->gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
         c10::make_intrusive<c10d::PrefixStore>("tandem/gloo", pg->store_), world.rank,
         world.world_size, gloo_options);
-    if (options.use_nccl) {
+    if (options.use_nccl()) {
       pg->nccl_ = detail::make_nccl_backend(
           c10::make_intrusive<c10d::PrefixStore>("tandem/nccl", pg->store_), world.rank,
-          world.world_size, options.timeout);
+          world.world_size, options.timeout());
     }
   } catch (const Error&) {
     throw;
@@ -127,7 +118,7 @@ const c10::intrusive_ptr<c10d::Backend>& ProcessGroup::backend_for(const c10::De
 
 void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
   try {
-    work->wait(options_.timeout);
+    work->wait(options_.timeout());
   } catch (const std::exception& e) {
     throw Error(what + " failed on rank " + std::to_string(rank()) + " of " +
                 std::to_string(size()) + ": " + one_line(e));
@@ -143,7 +134,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(at::Tensor& tensor
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
-  opts.timeout = options_.timeout;
+  opts.timeout = options_.timeout();
   return backend_for(tensor.device())->allreduce(tensors, opts);
 }
 
@@ -165,7 +156,7 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  opts.timeout = options_.timeout;
+  opts.timeout = options_.timeout();
   wait(backend_for(tensor.device())->broadcast(tensors, opts), describe("broadcast", tensor));
 }
 
@@ -206,14 +197,14 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(tensor));
   c10d::AllgatherOptions opts;
-  opts.timeout = options_.timeout;
+  opts.timeout = options_.timeout();
   wait(backend_for(tensor.device())->allgather(outputs, inputs, opts), describe("all_gather", tensor));
   return outputs[0];
 }
 
 void ProcessGroup::barrier() {
   c10d::BarrierOptions opts;
-  opts.timeout = options_.timeout;
+  opts.timeout = options_.timeout();
   wait(gloo_->barrier(opts), "barrier");
 }
 

@@ -10,7 +10,7 @@ namespace tandem::ddp::detail {
 DdpCore::DdpCore(torch::nn::Module& module, std::shared_ptr<comm::ProcessGroup> pg,
                  DistributedDataParallelOptions options)
     : pg_(std::move(pg)), options_(options) {
-  if (!pg_) throw Error("DDP: the process group is null");
+  TANDEM_CHECK(pg_, "DDP: the process group is null");
   std::vector<at::Tensor> parameters, all_state;
   std::vector<std::string> names, all_names;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
@@ -36,14 +36,18 @@ DdpCore::DdpCore(torch::nn::Module& module, std::shared_ptr<comm::ProcessGroup> 
 }
 
 bool DdpCore::pre_forward() {
-  if (!at::GradMode::is_enabled() || !sync_) return false;
-  reducer_->prepare_for_forward();
+  if (!at::GradMode::is_enabled()) return false;  // evaluation forwards never interfere
+  reducer_->prepare_for_forward(sync_);
+  if (!sync_) return false;
   if (options_.broadcast_buffers() && pg_->size() > 1 && !buffers_.empty()) {
     pg_->broadcast_coalesced(buffers_, 0);
   }
   return true;
 }
 
-void DdpCore::post_forward(const std::vector<at::Tensor>& outputs) { reducer_->prepare_for_backward(outputs); }
+void DdpCore::post_forward(const std::vector<at::Tensor>& outputs, bool outputs_complete,
+                           const std::string& output_type) {
+  reducer_->prepare_for_backward(outputs, outputs_complete, output_type);
+}
 
 }  // namespace tandem::ddp::detail

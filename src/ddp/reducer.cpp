@@ -1,6 +1,7 @@
 #include "tandem/ddp/reducer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <unordered_set>
 
 #include <ATen/ATen.h>
@@ -8,10 +9,18 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "../common/ready_hook.h"
+#include "common/ready_hook.h"
+#include "common/scope_exit.h"
 #include "tandem/error.h"
 
 namespace tandem::ddp {
+
+// Autograd nodes (the outputs' pre-hooks) may outlive the reducer: they reach it through this.
+struct Reducer::Anchor {
+  std::mutex mutex;
+  Reducer* reducer = nullptr;
+};
+
 namespace {
 
 using torch::autograd::Node;
@@ -25,17 +34,50 @@ std::vector<TensorSpec> specs_of(const std::vector<at::Tensor>& parameters) {
   return specs;
 }
 
+// The end-of-backward callback's token: run, it finalizes the iteration; destroyed unrun (the
+// engine drops its callbacks when backward raises), it tells the reducer (Note [Failed backward]).
+class BackwardEnd {
+ public:
+  explicit BackwardEnd(Reducer* reducer) : reducer_(reducer) {}
+  ~BackwardEnd() {
+    if (reducer_) reducer_->on_backward_abandoned();
+  }
+  BackwardEnd(const BackwardEnd&) = delete;
+  BackwardEnd& operator=(const BackwardEnd&) = delete;
+  void run() { std::exchange(reducer_, nullptr)->on_backward_finished(); }
+
+ private:
+  Reducer* reducer_;
+};
+
+// Runs when backward reaches a synced forward's output, before any gradient of the model exists:
+// from there on a failure of backward is one the reducer must recover from.
+class OutputReached : public torch::autograd::FunctionPreHook {
+ public:
+  OutputReached(std::weak_ptr<void> anchor, std::function<void()> fn) : anchor_(std::move(anchor)), fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (auto alive = anchor_.lock()) fn_();
+    return grads;
+  }
+
+ private:
+  std::weak_ptr<void> anchor_;
+  std::function<void()> fn_;
+};
+
+std::atomic<int64_t> g_reducers{0};
+
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
                  std::shared_ptr<comm::ProcessGroup> pg, DistributedDataParallelOptions options)
-    : parameters_(std::move(parameters)), names_(std::move(names)), pg_(std::move(pg)), options_(options) {
-  if (parameters_.empty()) throw Error("DDP: the module has no parameter that requires a gradient");
+    : parameters_(std::move(parameters)), names_(std::move(names)), pg_(std::move(pg)), options_(options),
+      anchor_(std::make_shared<Anchor>()), instance_(g_reducers++) {
+  TANDEM_CHECK(!parameters_.empty(), "DDP: the module has no parameter that requires a gradient");
   for (size_t i = 0; i < parameters_.size(); ++i) {
-    if (!parameters_[i].is_contiguous()) {
-      throw Error("DDP: parameter " + std::to_string(i) + " ('" + names_[i] + "') is not contiguous");
-    }
+    TANDEM_CHECK(parameters_[i].is_contiguous(), "DDP: parameter ", i, " ('", names_[i], "') is not contiguous");
   }
+  anchor_->reducer = this;
   // Note [Bucket assignment]: sorted by first parameter, then reversed so that the buckets of
   // the last-registered parameters (whose gradients come first) are launched first.
   BucketAssignment assignment = compute_bucket_assignment(specs_of(parameters_), bucket_size_limits(options_));
@@ -43,33 +85,54 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   std::reverse(assignment.size_limits.begin(), assignment.size_limits.end());
   build_buckets(assignment);
 
+  inverse_world_ = at::scalar_tensor(1.0 / pg_->size(), at::kDouble);
+  inverse_world_.unsafeGetTensorImpl()->set_wrapped_number(true);
   ready_.assign(parameters_.size(), false);
   used_locally_.assign(parameters_.size(), 0);
+  stashed_.resize(parameters_.size());
   for (size_t i = 0; i < parameters_.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[i]);
-    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<tandem::detail::ReadyHook>([this, i] { autograd_hook(i); })));
+    hook_keys_.push_back(accumulator->add_post_hook(
+        std::make_unique<tandem::detail::ReadyHook>([this, i] { on_gradient_ready(i); })));
     grad_accumulators_.push_back(std::move(accumulator));
   }
 }
 
 Reducer::~Reducer() {
+  {
+    std::lock_guard<std::mutex> hold(anchor_->mutex);
+    anchor_->reducer = nullptr;
+  }
   for (size_t i = 0; i < grad_accumulators_.size(); ++i) grad_accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
 void Reducer::build_buckets(const BucketAssignment& assignment) {
-  at::NoGradGuard no_grad;
   std::vector<Bucket> buckets(assignment.buckets.size());
   locator_.assign(parameters_.size(), {0, 0});
   for (size_t b = 0; b < assignment.buckets.size(); ++b) {
     Bucket& bucket = buckets[b];
     bucket.size_limit = assignment.size_limits[b];
-    int64_t total = 0;
-    for (auto index : assignment.buckets[b]) total += parameters_[static_cast<size_t>(index)].numel();
-    const auto& first = parameters_[static_cast<size_t>(assignment.buckets[b].front())];
-    bucket.contents = at::zeros({total}, first.options().requires_grad(false));
-    int64_t offset = 0;
     for (auto index : assignment.buckets[b]) {
       const auto i = static_cast<size_t>(index);
+      locator_[i] = {b, bucket.parameters.size()};
+      bucket.parameters.push_back(i);
+    }
+    bucket.pending = bucket.parameters.size();
+  }
+  buckets_ = std::move(buckets);
+  ++bucket_builds_;
+  if (configured_ && !passthrough_) allocate_buckets();
+}
+
+void Reducer::allocate_buckets() {
+  at::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    int64_t total = 0;
+    for (auto i : bucket.parameters) total += parameters_[i].numel();
+    bucket.contents = at::zeros({total}, parameters_[bucket.parameters.front()].options().requires_grad(false));
+    bucket.views.clear();
+    int64_t offset = 0;
+    for (auto i : bucket.parameters) {
       auto& param = parameters_[i];
       // An alias of the bucket's storage, not an autograd view: LibTorch's Optimizer::zero_grad
       // calls detach_() on every gradient, which autograd refuses for views.
@@ -77,35 +140,38 @@ void Reducer::build_buckets(const BucketAssignment& assignment) {
       view.set_(bucket.contents.storage(), bucket.contents.storage_offset() + offset, param.sizes(),
                 c10::contiguous_strides(param.sizes()));
       offset += param.numel();
-      locator_[i] = {b, bucket.parameters.size()};
-      bucket.parameters.push_back(i);
       bucket.views.push_back(view);
       if (options_.gradient_as_bucket_view() && param.grad().defined()) {
         view.copy_(param.grad());
         param.mutable_grad() = view;
       }
     }
-    bucket.pending = bucket.parameters.size();
   }
-  buckets_ = std::move(buckets);
-  ++bucket_builds_;
 }
 
 void Reducer::register_comm_hook(CommHook hook) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (comm_hook_) throw Error("DDP: a communication hook is already registered (register it once)");
-  if (iteration_ > 0 || awaiting_backward_) throw Error("DDP: register the communication hook before the first forward");
+  TANDEM_CHECK(!comm_hook_, "DDP: a communication hook is already registered (register it once)");
+  TANDEM_CHECK(!configured_, "DDP: register the communication hook before the first forward");
   comm_hook_ = std::move(hook);
 }
 
-void Reducer::prepare_for_forward() {
+void Reducer::prepare_for_forward(bool synced) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (awaiting_backward_) {
-    throw Error("DDP: forward() was called again before the last synced forward's backward() reduced its "
-                "gradients; call backward() once per forward(), or run extra forwards under "
-                "at::NoGradGuard or inside no_sync()");
+  if (!configured_) {
+    // Note [World of one]: decided once, at the first forward, when the hook is known.
+    configured_ = true;
+    passthrough_ = pg_->size() == 1 && !comm_hook_;
+    if (!passthrough_) allocate_buckets();
   }
-  if (!rebuild_pending_) return;
+  if (awaiting_backward_) {
+    TANDEM_CHECK(backward_failed_,
+                 "DDP: forward() was called again before the last synced forward's backward() started: call "
+                 "backward() once per synced forward(), or run extra forwards under at::NoGradGuard or inside "
+                 "no_sync()");
+    finish_failed_iteration();
+  }
+  if (!synced || !rebuild_pending_) return;
   // Rank 0's arrival order, so every rank builds the same buckets. Parameters that never arrived
   // (unused) go last, in reverse registration order.
   std::vector<int64_t> order = arrival_order_;
@@ -114,20 +180,39 @@ void Reducer::prepare_for_forward() {
   for (size_t i = parameters_.size(); i-- > 0;) {
     if (!arrived[i]) order.push_back(static_cast<int64_t>(i));
   }
-  at::Tensor shared = at::tensor(order, at::kLong);
-  pg_->broadcast(shared, 0);
-  order.assign(shared.data_ptr<int64_t>(), shared.data_ptr<int64_t>() + shared.numel());
+  if (pg_->size() > 1) {
+    at::Tensor shared = at::tensor(order, at::kLong);
+    pg_->broadcast(shared, 0);
+    order.assign(shared.data_ptr<int64_t>(), shared.data_ptr<int64_t>() + shared.numel());
+  }
   build_buckets(compute_bucket_assignment(specs_of(parameters_), bucket_size_limits(options_), order));
   reset_iteration();
   rebuild_pending_ = false;
   arrival_order_.clear();  // recorded in the first iteration only; not needed again
 }
 
-void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool outputs_complete,
+                                   const std::string& output_type) {
   std::lock_guard<std::mutex> lock(mutex_);
+  const bool search = options_.find_unused_parameters() || (options_.static_graph() && !unused_known_);
+  TANDEM_CHECK(!search || outputs_complete, "DDP: ",
+               options_.find_unused_parameters() ? "find_unused_parameters" : "static_graph",
+               " needs every tensor of forward()'s output, but DDP cannot look inside a value of type '",
+               output_type,
+               "': return a tensor, or a std::vector, std::tuple, std::pair or std::optional of them");
   expect_hooks_ = true;
   awaiting_backward_ = true;
-  const bool search = options_.find_unused_parameters() || (options_.static_graph() && !unused_known_);
+  // Backward reaching any output means it started for this iteration (Note [Failed backward]).
+  const std::weak_ptr<void> anchor = anchor_;
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    if (auto fn = out.grad_fn()) {
+      fn->add_pre_hook(std::make_unique<OutputReached>(anchor, [anchor = anchor_.get()] {
+        std::lock_guard<std::mutex> hold(anchor->mutex);
+        if (anchor->reducer) anchor->reducer->on_backward_started();
+      }));
+    }
+  }
   if (!search) return;
   // Every node reachable from the outputs; a parameter whose AccumulateGrad is not among them
   // gets no gradient in this backward.
@@ -156,63 +241,151 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   if (options_.static_graph()) unused_known_ = true;
 }
 
-void Reducer::autograd_hook(size_t index) {
+void Reducer::on_backward_started() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!expect_hooks_) return;  // no_sync, or a backward not started from a synced forward
-  if (!finalize_queued_) {
-    finalize_queued_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
-    for (auto unused : unused_) {
-      if (!ready_[unused]) mark_ready(unused);
-    }
-  }
-  if (ready_[index]) {
-    throw Error("DDP: parameter " + std::to_string(index) + " ('" + names_[index] +
-                "') received a second gradient in one backward; DDP reduces each gradient once per iteration");
-  }
-  if (iteration_ == 0) arrival_order_.push_back(static_cast<int64_t>(index));
-  mark_ready(index);
+  start_backward_locked();
 }
 
-void Reducer::mark_ready(size_t index) {
-  at::NoGradGuard no_grad;
+void Reducer::start_backward_locked() {
+  if (!expect_hooks_ || backward_started_) return;
+  backward_started_ = true;
+  auto token = std::make_shared<BackwardEnd>(this);
+  torch::autograd::Engine::get_default_engine().queue_callback([token] { token->run(); });
+}
+
+// No lock: the engine may drop the token on any thread, at any point of its unwinding.
+void Reducer::on_backward_abandoned() { backward_failed_ = true; }
+
+void Reducer::on_gradient_ready(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!expect_hooks_) return;  // no_sync, or a backward not started from a synced forward
+  start_backward_locked();
+  if (!unused_marked_) {
+    unused_marked_ = true;
+    for (auto unused : unused_) {
+      if (!ready_[unused]) mark_ready(unused, /*produced=*/false);
+    }
+  }
+  TANDEM_CHECK(!ready_[index], "DDP: parameter ", index, " ('", names_[index],
+               "') received a second gradient in one backward; DDP reduces each gradient once per iteration");
+  if (iteration_ == 0) arrival_order_.push_back(static_cast<int64_t>(index));
+  mark_ready(index, /*produced=*/true);
+}
+
+void Reducer::mark_ready(size_t index, bool produced) {
   auto [b, slot] = locator_[index];
   Bucket& bucket = buckets_[b];
-  at::Tensor& view = bucket.views[slot];
-  at::Tensor& grad = parameters_[index].mutable_grad();
-  const double world = pg_->size();
-  if (!grad.defined()) {
-    view.zero_();  // unused here: contributes nothing to the average
-  } else {
-    used_locally_[index] = 1;
-    if (grad.is_alias_of(view)) {
-      if (!comm_hook_) view.div_(world);  // PyTorch divides in place when grad is the view
+  if (produced) used_locally_[index] = 1;
+  ready_[index] = true;
+  if (!passthrough_) {
+    at::NoGradGuard no_grad;
+    at::Tensor& view = bucket.views[slot];
+    at::Tensor& grad = parameters_[index].mutable_grad();
+    if (!grad.defined()) {
+      view.zero_();  // nothing here: contributes nothing to the average
+    } else if (grad.is_alias_of(view)) {
+      // An unused parameter must keep its gradient if no rank used it: the all-reduce will
+      // overwrite the view, so keep the values aside.
+      if (!produced) stashed_[index] = grad.clone();
+      if (!comm_hook_) view.div_(pg_->size());  // PyTorch divides in place when grad is the view
     } else {
       // Pre-divide while copying (PyTorch's mul by the reciprocal); a hook gets plain gradients.
       if (!comm_hook_) {
-        at::mul_out(view, grad, at::scalar_tensor(1.0 / world, grad.options().dtype(at::kDouble)));
+        at::mul_out(view, grad, inverse_world_);
       } else {
         view.copy_(grad);
       }
-      if (options_.gradient_as_bucket_view()) grad = view;
+      if (options_.gradient_as_bucket_view() && produced) grad = view;
     }
   }
-  ready_[index] = true;
   if (--bucket.pending == 0) launch_ready_buckets();
 }
 
 void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    Bucket& bucket = buckets_[next_bucket_];
-    if (comm_hook_) {
-      GradBucket grad_bucket{next_bucket_, bucket.contents, bucket.views, bucket.parameters,
-                             next_bucket_ + 1 == buckets_.size()};
-      bucket.reduction = comm_hook_(grad_bucket);
-    } else {
-      bucket.reduction = start_presummed_allreduce(*pg_, bucket.contents);
-    }
+    launch(next_bucket_);
     ++next_bucket_;
   }
+}
+
+void Reducer::launch(size_t b) {
+  if (passthrough_) return;
+  Bucket& bucket = buckets_[b];
+  if (comm_hook_) {
+    GradBucket grad_bucket{b, bucket.contents, bucket.views, bucket.parameters, b + 1 == buckets_.size()};
+    bucket.reduction = comm_hook_(grad_bucket);
+  } else {
+    bucket.reduction = start_presummed_allreduce(*pg_, bucket.contents);
+  }
+}
+
+// Waits for buckets 0..count-1 whatever happens; returns the first failure's message.
+std::string Reducer::wait_launched(size_t count) {
+  std::string first_error;
+  for (size_t b = 0; b < count && b < buckets_.size(); ++b) {
+    if (!buckets_[b].reduction) continue;
+    try {
+      buckets_[b].reduction->wait();
+    } catch (const std::exception& e) {
+      if (first_error.empty()) first_error = one_line(e);
+    }
+  }
+  return first_error;
+}
+
+// Note [Failed backward]: every rank posts how many buckets it launched; the largest count wins.
+size_t Reducer::agree_on_launched(size_t launched) {
+  auto store = pg_->store();
+  const std::string prefix = "tandem/ddp/" + std::to_string(instance_) + "/failed/" + std::to_string(failed_iterations_) + "/";
+  const std::string mine = std::to_string(launched);
+  store->set(prefix + std::to_string(pg_->rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < pg_->size(); ++r) keys.push_back(prefix + std::to_string(r));
+  const auto timeout = pg_->options().timeout();
+  try {
+    store->wait(keys, timeout);
+  } catch (const std::exception&) {
+    std::string absent;
+    for (int r = 0; r < pg_->size(); ++r) {
+      bool there = false;
+      try {
+        there = store->check({keys[static_cast<size_t>(r)]});
+      } catch (const std::exception&) {
+      }
+      if (!there) absent += (absent.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw Error(message("DDP: backward failed on rank ", pg_->rank(), ", but rank(s) ", absent,
+                        " did not report a failed backward within ", timeout.count() / 1000,
+                        " s: an exception in backward can be recovered from only when it happens on every rank"));
+  }
+  size_t target = launched;
+  for (const auto& key : keys) {
+    auto value = store->get(key);
+    target = std::max<size_t>(target, std::stoul(std::string(value.begin(), value.end())));
+  }
+  return target;
+}
+
+void Reducer::finish_failed_iteration() {
+  const size_t launched = next_bucket_;
+  ScopeExit clean([this] {
+    reset_iteration();
+    arrival_order_.clear();  // the failed iteration does not count as the first
+    ++failed_iterations_;
+  });
+  const size_t target = (pg_->size() > 1 && !passthrough_) ? agree_on_launched(launched) : launched;
+  std::string error;
+  for (size_t b = launched; b < target; ++b) {
+    try {
+      launch(b);  // partial contents: the partners need the collective, nobody needs the result
+    } catch (const std::exception& e) {
+      if (error.empty()) error = one_line(e);
+    }
+  }
+  const std::string waited = wait_launched(target);
+  if (error.empty()) error = waited;
+  TANDEM_CHECK(error.empty(), "DDP: the previous backward failed, and finishing the gradient all-reduces it had "
+                              "started failed too: ", error);
 }
 
 std::string Reducer::describe_missing() const {
@@ -229,30 +402,25 @@ std::string Reducer::describe_missing() const {
   return list;
 }
 
+void Reducer::on_backward_finished() { finalize_backward(); }
+
 void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   at::NoGradGuard no_grad;
-  finalize_queued_ = false;
-  expect_hooks_ = false;
-  awaiting_backward_ = false;
+  ScopeExit clean([this] { reset_iteration(); });  // whatever happens below, the next iteration starts clean
   if (next_bucket_ < buckets_.size()) {
-    // Finish what was started, so the process group stays in step, then report.
-    for (size_t b = 0; b < next_bucket_; ++b) {
-      try {
-        buckets_[b].reduction->wait();
-      } catch (...) {
-      }
-    }
+    // Finish what was started, so the process group stays in step, then report both.
     const std::string missing = describe_missing();
-    reset_iteration();
+    const std::string comm_error = wait_launched(next_bucket_);
     throw Error("DDP: these parameters received no gradient in this backward: " + missing +
                 ". They took no part in computing the loss: construct DDP with "
-                "find_unused_parameters(true), or static_graph(true) if the same ones are unused every iteration");
+                "find_unused_parameters(true), or static_graph(true) if the same ones are unused every iteration" +
+                (comm_error.empty() ? "" : "; finishing the all-reduces already started failed too: " + comm_error));
   }
   for (auto& bucket : buckets_) {
+    if (!bucket.reduction) continue;
     at::Tensor result = bucket.reduction->wait();
     if (!result.is_same(bucket.contents)) bucket.contents.copy_(result);
-    bucket.reduction.reset();
   }
   // A parameter unused on every rank keeps its gradient untouched (undefined stays undefined).
   // The condition is the same on every rank (options and iteration count), never data-dependent.
@@ -260,17 +428,19 @@ void Reducer::finalize_backward() {
   if (options_.static_graph() && iteration_ > 0) {
     used_globally = static_used_globally_;
   } else if (options_.find_unused_parameters() || options_.static_graph()) {
-    at::Tensor map = at::empty({static_cast<int64_t>(parameters_.size())}, at::kInt);
-    for (size_t i = 0; i < parameters_.size(); ++i) map[static_cast<int64_t>(i)] = static_cast<int>(used_locally_[i]);
-    pg_->all_reduce(map, comm::ReduceOp::Sum);
-    auto* used = map.data_ptr<int>();
+    at::Tensor map = at::from_blob(used_locally_.data(), {static_cast<int64_t>(used_locally_.size())}, at::kInt).clone();
+    if (pg_->size() > 1) pg_->all_reduce(map, comm::ReduceOp::Sum);
+    const auto* used = map.data_ptr<int32_t>();
     for (size_t i = 0; i < parameters_.size(); ++i) used_globally[i] = used[i] > 0;
     if (options_.static_graph()) static_used_globally_ = used_globally;
   }
-  for (size_t i = 0; i < parameters_.size(); ++i) {
-    if (!used_globally[i]) continue;
+  for (size_t i = 0; i < parameters_.size() && !passthrough_; ++i) {
     auto [b, slot] = locator_[i];
     const at::Tensor& view = buckets_[b].views[slot];
+    if (!used_globally[i]) {
+      if (stashed_[i].defined()) view.copy_(stashed_[i]);  // the view is this parameter's .grad
+      continue;
+    }
     at::Tensor& grad = parameters_[i].mutable_grad();
     if (options_.gradient_as_bucket_view()) {
       if (!grad.defined() || !grad.is_alias_of(view)) grad = view;
@@ -282,14 +452,19 @@ void Reducer::finalize_backward() {
   }
   const bool rebuild_allowed = !options_.find_unused_parameters() || options_.static_graph();
   if (rebuild_allowed && iteration_ == 0) rebuild_pending_ = true;  // once: after the first iteration
-  reset_iteration();
   ++iteration_;
 }
 
 void Reducer::reset_iteration() {
+  expect_hooks_ = false;
+  backward_started_ = false;
+  backward_failed_ = false;
+  awaiting_backward_ = false;
+  unused_marked_ = false;
   next_bucket_ = 0;
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(used_locally_.begin(), used_locally_.end(), 0);
+  for (auto& stash : stashed_) stash.reset();
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.parameters.size();
     bucket.reduction.reset();

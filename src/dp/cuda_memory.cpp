@@ -1,4 +1,4 @@
-#include "cuda_memory.h"
+#include "dp/cuda_memory.h"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -1,7 +1,8 @@
 #include "tandem/dp/data_parallel.h"
 
 #include <algorithm>
-#include <thread>
+#include <mutex>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -11,10 +12,11 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/parallel/data_parallel.h>
 
-#include "cuda_memory.h"
+#include "dp/cuda_memory.h"
+#include "dp/replica_threads.h"
 #include "tandem/comm/cuda_info.h"
-#include "tandem/comm/process_group.h"  // one_line
-#include "../common/ready_hook.h"
+#include "tandem/comm/process_group.h"
+#include "common/ready_hook.h"
 #include "tandem/error.h"
 
 namespace tandem::dp::detail {
@@ -65,6 +67,14 @@ void copy_state(torch::nn::Module& from, torch::nn::Module& to, bool parameters)
   for (size_t i = 0; i < ba.size(); ++i) bb[i].copy_(ba[i]);
 }
 
+// at::set_num_threads also resizes process-wide pools: replica threads take turns. With
+// OpenMP the count itself is per thread, which is what gives each replica its own share.
+void set_intra_op_threads(int n) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (at::get_num_threads() != n) at::set_num_threads(n);
+}
+
 int64_t parameter_bytes(torch::nn::Module& m) {
   int64_t total = 0;
   for (const auto& p : m.parameters()) total += p.numel() * static_cast<int64_t>(p.element_size());
@@ -84,7 +94,7 @@ DpCore::DpCore(std::shared_ptr<torch::nn::Module> primary, DataParallelOptions o
 
   const auto& devices = *options_.devices();
   primary_->to(devices.front());
-  memory_ = std::make_unique<MemoryTracker>(devices.size());
+  if (options_.track_cpu_memory()) memory_ = std::make_unique<MemoryTracker>(devices.size());
   replicas_ = {primary_};
   if (options_.mode() == Mode::Persistent) {
     for (size_t k = 1; k < devices.size(); ++k) replicas_.push_back(make_replica(devices[k]));
@@ -135,8 +145,7 @@ void DpCore::sync_persistent_replicas() {
 }
 
 void DpCore::arm_gradient_reduction() {
-  if (!reduction_armed_ || reduction_queued_) return;
-  reduction_queued_ = true;
+  if (!reduction_armed_ || reduction_queued_.exchange(true)) return;
   torch::autograd::Engine::get_default_engine().queue_callback([this] { reduce_gradients(); });
 }
 
@@ -184,6 +193,10 @@ at::Tensor DpCore::forward(const at::Tensor& input) {
   } else {
     sync_persistent_replicas();
     replicas.assign(replicas_.begin(), replicas_.begin() + static_cast<std::ptrdiff_t>(used));
+    // A backward that raised never summed its replica gradients: they must not leak into this one.
+    for (size_t k = 1; k < replicas_.size(); ++k) {
+      for (auto& p : replicas_[k]->parameters()) p.mutable_grad().reset();
+    }
     reduction_armed_ = at::GradMode::is_enabled();
     reduction_queued_ = false;
   }
@@ -202,29 +215,26 @@ at::Tensor DpCore::forward(const at::Tensor& input) {
   auto run = [&](size_t k) {
     try {
       at::ThreadLocalStateGuard state(caller_state);
-      MemoryTracker::Scope attribute(*memory_, k);
-      if (devices[k].is_cpu()) at::set_num_threads(share);
+      std::optional<MemoryTracker::Scope> attribute;
+      if (memory_) attribute.emplace(*memory_, k);
+      if (devices[k].is_cpu()) set_intra_op_threads(share);
       at::Tensor chunk = chunks[k].to(devices[k]);
       outputs[k] = forward_(*replicas[k], chunk);
     } catch (const std::exception& e) {
-      errors[k] = comm::one_line(e);
+      errors[k] = one_line(e);
     } catch (...) {
       errors[k] = "unknown exception";
     }
   };
-  {
-    std::vector<std::thread> threads;
-    for (size_t k = 1; k < used; ++k) threads.emplace_back(run, k);
-    run(0);  // the caller's thread drives replica 0
-    for (auto& t : threads) t.join();
-  }
-  at::set_num_threads(total_threads);
+  run_replicas(used, run);
+  set_intra_op_threads(total_threads);
   for (size_t k = 0; k < used; ++k) {
     if (!errors[k].empty()) {
       throw Error("DataParallel: replica " + std::to_string(k) + " on " + devices[k].str() + " failed: " + errors[k]);
     }
   }
-  MemoryTracker::Scope attribute(*memory_, 0);
+  std::optional<MemoryTracker::Scope> attribute;
+  if (memory_) attribute.emplace(*memory_, 0);
   std::vector<at::Tensor> gathered;
   gathered.reserve(used);
   for (auto& out : outputs) gathered.push_back(out.to(*options_.output_device()));
@@ -244,14 +254,20 @@ MemoryReport DpCore::memory_report() const {
     // the gradients (Note [DataParallel memory accounting]).
     m.parameter_bytes = took_part ? params : 0;
     m.gradient_bytes = took_part ? params : 0;
-    m.activation_peak_bytes = devices[k].is_cuda() ? cuda_peak_allocated_bytes(devices[k].index()) : memory_->peak(k);
+    if (devices[k].is_cuda()) {
+      m.activation_peak_bytes = cuda_peak_allocated_bytes(devices[k].index());
+    } else if (memory_) {
+      m.activation_peak_bytes = memory_->peak(k);
+    } else {
+      m.activations_tracked = false;
+    }
     report.replicas.push_back(m);
   }
   return report;
 }
 
 void DpCore::reset_memory_peaks() {
-  memory_->reset_peaks();
+  if (memory_) memory_->reset_peaks();
   for (const auto& d : *options_.devices()) {
     if (d.is_cuda()) cuda_reset_peak(d.index());
   }

@@ -178,7 +178,7 @@ std::string MemoryReport::describe() const {
   for (const auto& r : replicas) {
     out += "replica " + std::to_string(r.replica) + " (" + r.device.str() + "): parameters " +
            megabytes(r.parameter_bytes) + ", gradients " + megabytes(r.gradient_bytes) + ", activations " +
-           megabytes(r.activation_peak_bytes) + ", optimizer " + megabytes(r.optimizer_bytes) + ", total " +
+           (r.activations_tracked ? megabytes(r.activation_peak_bytes) : std::string("not tracked")) + ", optimizer " + megabytes(r.optimizer_bytes) + ", total " +
            megabytes(r.total()) + "\n";
   }
   return out;

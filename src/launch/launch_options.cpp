@@ -1,4 +1,4 @@
-#include "tandem/launch/launch_options.h"
+#include "launch/launch_options.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

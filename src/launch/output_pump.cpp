@@ -1,4 +1,4 @@
-#include "tandem/launch/output_pump.h"
+#include "launch/output_pump.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "tandem/launch/supervisor.h"
+#include "launch/supervisor.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -12,8 +12,8 @@
 #include <map>
 
 #include "tandem/error.h"
-#include "tandem/launch/output_pump.h"
-#include "tandem/launch/worker_process.h"
+#include "launch/output_pump.h"
+#include "launch/worker_process.h"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-#include "tandem/launch/worker_process.h"
+#include "launch/worker_process.h"
 
 #include <fcntl.h>
 #include <signal.h>

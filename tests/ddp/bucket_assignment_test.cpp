@@ -68,7 +68,9 @@ TEST(BucketAssignment, FirstBucketIsSmallAndKindsNeverMix) {
   EXPECT_EQ(a.size_limits.front(), kDefaultFirstBucketBytes);
   for (const auto& b : a.buckets) {
     const bool has_double = std::count(b.begin(), b.end(), 3) > 0;
-    if (has_double) EXPECT_EQ(b.size(), 1u);
+    if (has_double) {
+      EXPECT_EQ(b.size(), 1u);
+    }
   }
 }
 

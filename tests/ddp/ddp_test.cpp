@@ -24,6 +24,13 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <gmock/gmock.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include "support/compare.h"
+#include "support/distributed_main.h"
+#include "support/errors.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/error.h"
@@ -31,13 +38,14 @@
 using namespace tandem;
 using ddp::DistributedDataParallel;
 using ddp::DistributedDataParallelOptions;
+using test::global_relative_l2;
+using test::max_abs_difference;
 
 namespace {
 
-std::shared_ptr<comm::ProcessGroup> g_pg;
 c10::Device g_device(c10::kCPU);  // where models and batches live (the GPU tests switch it)
-int W() { return g_pg->size(); }
-int R() { return g_pg->rank(); }
+int W() { return test::shared_pg()->size(); }
+int R() { return test::shared_pg()->rank(); }
 
 constexpr int64_t kGlobalBatch = 24;  // divisible by 1, 2, 3 and 4 ranks
 constexpr int kSteps = 20;
@@ -106,38 +114,10 @@ at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& y) { return at::c
 // ---- comparing -----------------------------------------------------------------------------
 
 double max_relative_difference(torch::nn::Module& a, torch::nn::Module& b) {
-  auto pa = a.parameters(), pb = b.parameters();
-  EXPECT_EQ(pa.size(), pb.size());
-  double worst = 0;
-  for (size_t i = 0; i < pa.size() && i < pb.size(); ++i) {
-    const double scale = std::max(pb[i].abs().max().item<double>(), 1e-12);
-    worst = std::max(worst, (pa[i] - pb[i]).abs().max().item<double>() / scale);
-  }
-  return worst;
+  return test::max_relative_difference(a.parameters(), b.parameters());
 }
-
-// ||a - b|| / ||b|| over all parameters together: for lossy hooks, where a per-tensor maximum is
-// dominated by the few smallest weights.
 double global_relative_l2(torch::nn::Module& a, torch::nn::Module& b) {
-  double diff = 0, norm = 0;
-  auto pa = a.parameters(), pb = b.parameters();
-  for (size_t i = 0; i < pa.size(); ++i) {
-    diff += (pa[i] - pb[i]).to(at::kDouble).pow(2).sum().item<double>();
-    norm += pb[i].to(at::kDouble).pow(2).sum().item<double>();
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
-
-double max_abs_difference(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-}
-
-void copy_state(torch::nn::Module& from, torch::nn::Module& to) {
-  at::NoGradGuard no_grad;
-  auto a = from.parameters(), b = to.parameters();
-  for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
-  auto ba = from.buffers(), bb = to.buffers();
-  for (size_t i = 0; i < ba.size(); ++i) bb[i].copy_(ba[i]);
+  return test::global_relative_l2(a.parameters(), b.parameters());
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<at::Tensor> params) {
@@ -158,9 +138,9 @@ struct Variant {
 
 template <typename Model>
 void install_hook(Hook hook, Model& model) {
-  if (hook == Hook::AllReduce) model->register_comm_hook(ddp::allreduce_hook(g_pg));
-  if (hook == Hook::Fp16) model->register_comm_hook(ddp::fp16_compress_hook(g_pg));
-  if (hook == Hook::Bf16) model->register_comm_hook(ddp::bf16_compress_hook(g_pg));
+  if (hook == Hook::AllReduce) model->register_comm_hook(ddp::allreduce_hook(test::shared_pg()));
+  if (hook == Hook::Fp16) model->register_comm_hook(ddp::fp16_compress_hook(test::shared_pg()));
+  if (hook == Hook::Bf16) model->register_comm_hook(ddp::bf16_compress_hook(test::shared_pg()));
 }
 
 // Trains DDP(model) and a reference copy for kSteps and returns the worst relative difference.
@@ -173,7 +153,7 @@ double train_against_reference(const Variant& v, const std::string& opt_kind, bo
   Holder local;
   reference->to(g_device);
   local->to(g_device);
-  DistributedDataParallel model(local, g_pg, v.options);
+  DistributedDataParallel model(local, test::shared_pg(), v.options);
   install_hook(v.hook, model);
 
   auto ddp_opt = make_optimizer(opt_kind, model->parameters());
@@ -297,8 +277,8 @@ INSTANTIATE_TEST_SUITE_P(Table, DdpOracle, ::testing::ValuesIn(cases()), [](cons
 // ---- GPU: the same oracles on CUDA with NCCL (skipped visibly without a GPU) -------------------
 
 TEST(DdpGpu, OraclesOnCuda) {
-  if (!g_pg->has_nccl()) GTEST_SKIP() << "no CUDA device visible (or no NCCL in this build)";
-  g_device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(g_pg->world().local_rank));
+  if (!test::shared_pg()->has_nccl()) GTEST_SKIP() << "no CUDA device visible (or no NCCL in this build)";
+  g_device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(test::shared_pg()->world().local_rank));
   using O = DistributedDataParallelOptions;
   for (const Variant& v : {Variant{"defaults", O()}, Variant{"bucket_view", O().gradient_as_bucket_view(true)},
                            Variant{"tiny_buckets", O().bucket_cap_mb(0.0005).first_bucket_mb(0.0001)},
@@ -322,7 +302,7 @@ TEST(DdpNoSync, GradientsDifferInsideAndAgreeAfterTheNextSyncedStep) {
   Mlp reference;
   torch::manual_seed(1);
   Mlp local;
-  DistributedDataParallel model(local, g_pg);
+  DistributedDataParallel model(local, test::shared_pg());
   Batch b1 = global_batch(1), b2 = global_batch(2);
   {
     auto guard = model->no_sync();
@@ -330,7 +310,7 @@ TEST(DdpNoSync, GradientsDifferInsideAndAgreeAfterTheNextSyncedStep) {
     loss_of(model->forward(mine.x), mine.y).backward();
   }
   at::Tensor g = model->module()->fc1->weight.grad().clone();
-  auto all = g_pg->all_gather(g);
+  auto all = test::shared_pg()->all_gather(g);
   for (int r = 1; r < W(); ++r) EXPECT_FALSE(at::equal(all[0], all[r])) << "no_sync still synchronised";
 
   Batch mine = shard(b2, R(), W());
@@ -345,7 +325,7 @@ TEST(DdpNoSync, GradientsDifferInsideAndAgreeAfterTheNextSyncedStep) {
   auto ddp_params = model->module()->parameters(), ref_params = reference->parameters();
   for (size_t i = 0; i < ddp_params.size(); ++i) {
     at::Tensor grad = ddp_params[i].grad();
-    auto everywhere = g_pg->all_gather(grad.contiguous());
+    auto everywhere = test::shared_pg()->all_gather(grad.contiguous());
     for (int r = 1; r < W(); ++r) EXPECT_TRUE(at::equal(everywhere[0], everywhere[r]));
     const double scale = std::max(ref_params[i].grad().abs().max().item<double>(), 1e-12);
     EXPECT_LE((grad - ref_params[i].grad()).abs().max().item<double>() / scale, 1e-5);
@@ -355,10 +335,11 @@ TEST(DdpNoSync, GradientsDifferInsideAndAgreeAfterTheNextSyncedStep) {
 // ---- gradient_as_bucket_view -----------------------------------------------------------------
 
 TEST(DdpBucketView, GradientsAreViewsOfTheBucketsAndAddNoMemory) {
+  if (W() == 1) GTEST_SKIP() << "a world of one has no buckets (DdpWorldOfOne covers it)";
   for (bool views : {false, true}) {
     torch::manual_seed(1);
     Mlp local;
-    DistributedDataParallel model(local, g_pg, DistributedDataParallelOptions().gradient_as_bucket_view(views));
+    DistributedDataParallel model(local, test::shared_pg(), DistributedDataParallelOptions().gradient_as_bucket_view(views));
     torch::optim::SGD opt(model->parameters(), 0.01);
     std::vector<const void*> first_pointers;
     for (int step = 0; step < 3; ++step) {
@@ -400,7 +381,7 @@ TEST(DdpHooks, DestroyingDdpRemovesItsHooks) {
     return n;
   };
   {
-    DistributedDataParallel model(local, g_pg);
+    DistributedDataParallel model(local, test::shared_pg());
     EXPECT_EQ(hooks(), local->parameters().size());  // one per parameter
     Batch mine = shard(global_batch(0), R(), W());
     loss_of(model->forward(mine.x), mine.y).backward();
@@ -419,7 +400,7 @@ TEST(DdpErrors, ModelsThatDifferAcrossRanksAreNamed) {
   if (W() < 2) GTEST_SKIP() << "needs two ranks";
   Mlp local(R() == 1 ? 33 : 32);
   try {
-    DistributedDataParallel model(local, g_pg);
+    DistributedDataParallel model(local, test::shared_pg());
     FAIL() << "mismatched models accepted";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "DDP: ranks hold different models: parameter 0 ('module.fc1.weight' here) is "
@@ -429,33 +410,23 @@ TEST(DdpErrors, ModelsThatDifferAcrossRanksAreNamed) {
 
 TEST(DdpErrors, ADifferentParameterCountIsNamed) {
   if (W() < 2) GTEST_SKIP() << "needs two ranks";
-  auto net = std::make_shared<torch::nn::Module>();
-  net->register_module("a", torch::nn::Linear(2, 2));
-  if (R() == 1) net->register_module("b", torch::nn::Linear(2, 2));
-  try {
-  ddp::detail::DdpCore core(*net, g_pg, {});
-    FAIL() << "different parameter counts accepted";
-  } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "DDP: ranks hold different models: rank 0 has 2 parameters that require gradients, rank 1 has 4");
-  }
+  torch::nn::Sequential net(torch::nn::Linear(2, 2));
+  if (R() == 1) net->push_back(torch::nn::Linear(2, 2));
+  EXPECT_ERROR(DistributedDataParallel(net, test::shared_pg()),
+               "DDP: ranks hold different models: rank 0 has 2 parameters that require gradients, rank 1 has 4");
 }
 
 TEST(DdpErrors, AParameterOnAnotherDeviceIsNamed) {
-  auto net = std::make_shared<torch::nn::Module>();
-  net->register_module("fc", torch::nn::Linear(2, 2));
+  torch::nn::Sequential net(torch::nn::Linear(2, 2));
   net->register_parameter("stray", at::zeros({2}, at::TensorOptions().device(at::kMeta)));
-  try {
-    ddp::detail::DdpCore core(*net, g_pg, {});
-    FAIL() << "meta parameter accepted";
-  } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "DDP: 'stray' is on meta; DDP needs the module on one cpu or cuda device");
-  }
+  EXPECT_ERROR(DistributedDataParallel(net, test::shared_pg()),
+               "DDP: 'module.stray' is on meta; DDP needs the module on one cpu or cuda device");
 }
 
 TEST(DdpErrors, AnUnusedParameterWithoutFindUnusedIsNamed) {
   torch::manual_seed(1);
   Branchy local;
-  DistributedDataParallel model(local, g_pg);
+  DistributedDataParallel model(local, test::shared_pg());
   Batch mine = shard(global_batch(0), R(), W());
   try {
     loss_of(model->forward(mine.x, false), mine.y).backward();
@@ -472,14 +443,16 @@ TEST(DdpErrors, AnUnusedParameterWithoutFindUnusedIsNamed) {
 
 TEST(DdpErrors, ASecondForwardBeforeBackwardIsAnError) {
   Mlp local;
-  DistributedDataParallel model(local, g_pg);
+  DistributedDataParallel model(local, test::shared_pg());
   Batch mine = shard(global_batch(0), R(), W());
   auto out = model->forward(mine.x);
   try {
     model->forward(mine.x);
     FAIL() << "second forward accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("forward() was called again before"), std::string::npos);
+    EXPECT_STREQ(e.what(), "DDP: forward() was called again before the last synced forward's backward() started: "
+                           "call backward() once per synced forward(), or run extra forwards under "
+                           "at::NoGradGuard or inside no_sync()");
   }
   {
     at::NoGradGuard no_grad;  // evaluation forwards never interfere
@@ -488,41 +461,249 @@ TEST(DdpErrors, ASecondForwardBeforeBackwardIsAnError) {
   loss_of(out, mine.y).backward();
 }
 
+
+
+// ---- a backward that raises (Note [Failed backward]) ------------------------------------------
+
+bool g_fail_backward = false;  // set for one step; every rank raises at the same point
+
+// Identity forward; its backward raises while g_fail_backward is set.
+struct FailingBackward : torch::autograd::Function<FailingBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    if (g_fail_backward) throw std::runtime_error("injected failure in backward");
+    return {grads[0]};
+  }
+};
+
+// `failing_layer` 1: between fc1 and fc2, so fc3's and fc2's gradients (and their buckets) come
+// first; 3: on the output, so backward raises before any parameter has a gradient.
+struct FlakyMlpImpl : torch::nn::Module {
+  explicit FlakyMlpImpl(int failing_layer = 1)
+      : failing_layer(failing_layer),
+        fc1(register_module("fc1", torch::nn::Linear(12, 32))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 32))),
+        fc3(register_module("fc3", torch::nn::Linear(32, 5))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = fc1(x).relu();
+    if (failing_layer == 1) h = FailingBackward::apply(h);
+    at::Tensor out = fc3(fc2(h).relu());
+    return failing_layer == 3 ? FailingBackward::apply(out) : out;
+  }
+  int failing_layer;
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(FlakyMlp);
+
+struct FailureCase {
+  std::string name;
+  int failing_layer;
+  DistributedDataParallelOptions options;
+};
+void PrintTo(const FailureCase& c, std::ostream* out) { *out << c.name; }
+class DdpFailedBackward : public ::testing::TestWithParam<FailureCase> {};
+
+// Every rank raises inside backward at step 3; the loop catches it and goes on. The result must
+// equal a single-process run on the global batches that skips step 3.
+TEST_P(DdpFailedBackward, TrainingGoesOnAndEqualsARunThatSkippedTheStep) {
+  constexpr int kFailingStep = 3;
+  const auto& c = GetParam();
+  torch::manual_seed(1);
+  FlakyMlp reference(c.failing_layer);
+  torch::manual_seed(1 + R());
+  FlakyMlp local(c.failing_layer);
+  DistributedDataParallel model(local, test::shared_pg(), c.options);
+  torch::optim::SGD ddp_opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<std::string> caught;
+  for (int step = 0; step < 8; ++step) {
+    Batch batch = global_batch(step);
+    Batch mine = shard(batch, R(), W());
+    ddp_opt.zero_grad();
+    at::Tensor loss = loss_of(model->forward(mine.x), mine.y);
+    g_fail_backward = step == kFailingStep;
+    try {
+      loss.backward();
+    } catch (const std::exception& e) {
+      caught.push_back(one_line(e));
+      g_fail_backward = false;
+      continue;  // no optimizer step
+    }
+    ddp_opt.step();
+    if (step == kFailingStep) continue;
+    ref_opt.zero_grad();
+    loss_of(reference->forward(batch.x), batch.y).backward();
+    ref_opt.step();
+  }
+  ASSERT_EQ(caught.size(), 1u);
+  EXPECT_THAT(caught[0], ::testing::HasSubstr("injected failure in backward"));  // the user's own error
+  EXPECT_EQ(model->reducer().failed_iterations(), 1);
+  const double diff = max_relative_difference(*model->module(), *reference);
+  std::printf("failed backward %s on %d ranks: max relative difference %.3g after skipping step %d\n",
+              c.name.c_str(), W(), diff, kFailingStep);
+  EXPECT_LE(diff, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, DdpFailedBackward,
+    ::testing::Values(
+        FailureCase{"mid_model_tiny_buckets", 1, DistributedDataParallelOptions().bucket_cap_mb(0.002).first_bucket_mb(0.0005)},
+        FailureCase{"mid_model_bucket_view", 1,
+                    DistributedDataParallelOptions().bucket_cap_mb(0.002).first_bucket_mb(0.0005).gradient_as_bucket_view(true)},
+        FailureCase{"mid_model_find_unused", 1, DistributedDataParallelOptions().find_unused_parameters(true)},
+        FailureCase{"before_any_gradient", 3, DistributedDataParallelOptions()}),
+    [](const auto& info) { return info.param.name; });
+
+// A hook whose reduction fails, on a backward that also leaves parameters without gradient: the
+// error names both, the communication failure is not swallowed.
+TEST(DdpErrors, ACommunicationFailureOnTheMissingGradientPathIsReported) {
+  struct Failing : ddp::PendingReduction {
+    at::Tensor wait() override { throw Error("injected all-reduce failure"); }
+  };
+  torch::manual_seed(1);
+  Branchy local;
+  // A bucket per parameter: the head's buckets are launched before the branch's stay incomplete.
+  DistributedDataParallel model(local, test::shared_pg(), DistributedDataParallelOptions().bucket_cap_mb(1e-5).first_bucket_mb(1e-6));
+  model->register_comm_hook([](ddp::GradBucket&) -> std::unique_ptr<ddp::PendingReduction> { return std::make_unique<Failing>(); });
+  Batch mine = shard(global_batch(0), R(), W());
+  const std::string error = test::error_of([&] { loss_of(model->forward(mine.x, false), mine.y).backward(); });
+  EXPECT_THAT(error, ::testing::HasSubstr("these parameters received no gradient in this backward: 2 'module.branch.weight'"));
+  EXPECT_THAT(error, ::testing::HasSubstr("finishing the all-reduces already started failed too: injected all-reduce failure"));
+}
+
+// ---- "used" means autograd produced the gradient ---------------------------------------------
+
+// With find_unused_parameters, a layer that no rank uses keeps whatever gradient each rank left
+// in it (PyTorch leaves globally unused gradients alone), also when gradients are bucket views.
+TEST(DdpUnused, StaleGradientsOfAGloballyUnusedLayerStayAsEachRankLeftThem) {
+  for (bool views : {false, true}) {
+    torch::manual_seed(1);
+    Branchy local;
+    DistributedDataParallel model(local, test::shared_pg(),
+                                  DistributedDataParallelOptions().find_unused_parameters(true).gradient_as_bucket_view(views));
+    torch::optim::SGD opt(model->parameters(), 0.01);
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad(/*set_to_none=*/false);
+      const bool use_branch = step == 0;  // afterwards, no rank uses the branch
+      std::vector<at::Tensor> stale;
+      if (!use_branch) {
+        at::NoGradGuard no_grad;
+        for (auto* p : {&local->branch->weight, &local->branch->bias}) {
+          p->mutable_grad().fill_(R() + 1.5 + step);  // rank-dependent: an average would change it
+          stale.push_back(p->grad().clone());
+        }
+      }
+      Batch mine = shard(global_batch(step), R(), W());
+      loss_of(model->forward(mine.x, use_branch), mine.y).backward();
+      if (!use_branch) {
+        EXPECT_TRUE(at::equal(local->branch->weight.grad(), stale[0])) << "views=" << views << " step " << step;
+        EXPECT_TRUE(at::equal(local->branch->bias.grad(), stale[1])) << "views=" << views << " step " << step;
+      }
+      // The used layers hold the average: the same on every rank.
+      auto everywhere = test::shared_pg()->all_gather(local->head->weight.grad().contiguous());
+      for (int r = 1; r < W(); ++r) EXPECT_TRUE(at::equal(everywhere[0], everywhere[r]));
+      opt.step();
+    }
+  }
+}
+
+// ---- outputs DDP cannot look into ------------------------------------------------------------
+
+struct Prediction {
+  at::Tensor logits;
+};
+struct OpaqueImpl : torch::nn::Module {
+  OpaqueImpl() : fc(register_module("fc", torch::nn::Linear(12, 5))) {}
+  Prediction forward(const at::Tensor& x) { return {fc(x)}; }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Opaque);
+
+TEST(DdpErrors, AnOutputDdpCannotLookIntoIsNamedWhenFindUnusedNeedsIt) {
+  Batch mine = shard(global_batch(0), R(), W());
+  {
+    Opaque local;
+    DistributedDataParallel model(local, test::shared_pg(), DistributedDataParallelOptions().find_unused_parameters(true));
+    EXPECT_ERROR(model->forward(mine.x),
+                 "DDP: find_unused_parameters needs every tensor of forward()'s output, but DDP cannot look inside a "
+                 "value of type '(anonymous namespace)::Prediction': return a tensor, or a std::vector, std::tuple, "
+                 "std::pair or std::optional of them");
+  }
+  Opaque local;  // without the search, any output type trains
+  DistributedDataParallel model(local, test::shared_pg());
+  loss_of(model->forward(mine.x).logits, mine.y).backward();
+  EXPECT_TRUE(local->fc->weight.grad().defined());
+}
+
+// ---- a world of one (Note [World of one]) ------------------------------------------------------
+
+TEST(DdpWorldOfOne, NoBucketIsAllocatedAndGradientsStayWhereAutogradPutThem) {
+  if (W() != 1) GTEST_SKIP() << "a world of one only";
+  for (bool views : {false, true}) {
+    torch::manual_seed(1);
+    Mlp local;
+    DistributedDataParallel model(local, test::shared_pg(), DistributedDataParallelOptions().gradient_as_bucket_view(views));
+    torch::optim::SGD opt(model->parameters(), 0.01);
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      Batch mine = shard(global_batch(step), R(), W());
+      loss_of(model->forward(mine.x), mine.y).backward();
+      opt.step();
+    }
+    for (const auto& b : model->reducer().buckets()) EXPECT_FALSE(b.contents.defined());
+  }
+  // A communication hook still sees every bucket (so the world-of-one GPU test reaches NCCL).
+  Mlp local;
+  DistributedDataParallel model(local, test::shared_pg());
+  size_t calls = 0;
+  auto allreduce = ddp::allreduce_hook(test::shared_pg());
+  model->register_comm_hook([&](ddp::GradBucket& bucket) {
+    ++calls;
+    return allreduce(bucket);
+  });
+  Batch mine = shard(global_batch(0), R(), W());
+  loss_of(model->forward(mine.x), mine.y).backward();
+  EXPECT_EQ(calls, model->reducer().buckets().size());
+  for (const auto& b : model->reducer().buckets()) EXPECT_TRUE(b.contents.defined());
+}
+
 }  // namespace
 
-// Failure scenarios run without GoogleTest under `tandem run` (tests/ddp/expect_failure.sh):
-// the error must reach the launcher as a non-zero exit and a clear line, never a hang.
-int scenario(const std::string& name) {
-  if (name == "skip-backward-on-rank-1") {
+// Failure scenarios, run under `tandem run` by tests/expect_failure.sh: the error must reach the
+// launcher as a non-zero exit and a clear line, never a hang.
+int main(int argc, char** argv) {
+  test::Scenarios scenarios;
+  scenarios["skip-backward-on-rank-1"] = [] {
     Mlp local;
-    DistributedDataParallel model(local, g_pg);
+    DistributedDataParallel model(local, test::shared_pg());
     Batch mine = shard(global_batch(0), R(), W());
     auto loss = loss_of(model->forward(mine.x), mine.y);
     if (R() != 1) loss.backward();  // rank 0 waits in the all-reduce that rank 1 never joins
     model->forward(mine.x);         // rank 1: error
     return 0;
-  }
-  if (name == "mismatched-models") {
+  };
+  scenarios["mismatched-models"] = [] {
     Mlp local(R() == 1 ? 40 : 32);
-    DistributedDataParallel model(local, g_pg);
+    DistributedDataParallel model(local, test::shared_pg());
     return 0;
-  }
-  throw Error("unknown scenario " + name);
-}
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  try {
-    comm::ProcessGroupOptions options;
-    options.timeout = std::chrono::seconds(120);
-    g_pg = comm::ProcessGroup::create(comm::World::from_env(), options);
-    at::set_num_threads(1);
-    if (argc > 1 && std::strncmp(argv[1], "--scenario=", 11) == 0) return scenario(argv[1] + 11);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "ddp_test: rank %d: %s\n", g_pg ? g_pg->rank() : -1, e.what());
-    return 2;
-  }
-  int rc = RUN_ALL_TESTS();
-  g_pg.reset();
-  return rc;
+  };
+  // Rank 1's backward raises alone; every rank's loop catches errors of backward and goes on.
+  scenarios["raise-alone-on-rank-1"] = [] {
+    FlakyMlp local(1);
+    DistributedDataParallel model(local, test::shared_pg(), DistributedDataParallelOptions().bucket_cap_mb(0.002).first_bucket_mb(0.0005));
+    for (int step = 0; step < 6; ++step) {
+      Batch mine = shard(global_batch(step), R(), W());
+      model->zero_grad();
+      at::Tensor loss = loss_of(model->forward(mine.x), mine.y);
+      g_fail_backward = step == 2 && R() == 1;
+      try {
+        loss.backward();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: step %d: backward failed: %s\n", R(), step, one_line(e).c_str());
+      }
+    }
+    return 0;
+  };
+  return test::distributed_test_main(argc, argv, scenarios);
 }

@@ -1,8 +1,13 @@
 // DataParallel oracles: N replicas (CPU here, every visible GPU where present) against one device
 // training the same model on the whole batch.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+
+#include <atomic>
+#include <system_error>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <torch/nn/cloneable.h>
@@ -10,6 +15,11 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
+#include <c10/core/CPUAllocator.h>
+
+#include "dp/replica_threads.h"
+#include "support/compare.h"
+#include "support/errors.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/dp/data_parallel.h"
 #include "tandem/error.h"
@@ -66,14 +76,7 @@ TORCH_MODULE(Fragile);
 
 std::vector<c10::Device> cpus(int n) { return std::vector<c10::Device>(static_cast<size_t>(n), c10::Device(c10::kCPU)); }
 
-double max_relative_difference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double scale = std::max(b[i].abs().max().item<double>(), 1e-12);
-    worst = std::max(worst, (a[i].cpu() - b[i].cpu()).abs().max().item<double>() / scale);
-  }
-  return worst;
-}
+using test::max_relative_difference;
 
 int thread_count() {
   int n = 0;
@@ -179,7 +182,7 @@ TEST(DataParallel, BatchNormStatisticsComeFromChunkZero) {
       at::Tensor x = at::randn({9, 10}) * 3 - 1;
       model->forward(x);
       snapshot->forward(x.narrow(0, 3, 3));
-      const auto& replicas = model->core().replicas();
+      const auto& replicas = model->replicas();
       ASSERT_EQ(replicas.size(), 3u);
       auto replica1 = std::dynamic_pointer_cast<BnNetImpl>(replicas[1]);
       EXPECT_TRUE(at::allclose(replica1->bn->running_mean, snapshot->bn->running_mean, 1e-6, 1e-7));
@@ -255,9 +258,9 @@ TEST(DataParallel, RejectsMissingDevicesAndEmptyBatches) {
 
 TEST(DataParallel, MemoryReportShowsThePrimaryHoldsMore) {
   Mlp net;
-  DataParallel model(net, DataParallelOptions().devices(cpus(3)).mode(Mode::Persistent));
+  DataParallel model(net, DataParallelOptions().devices(cpus(3)).mode(Mode::Persistent).track_cpu_memory(true));
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  model->core().reset_memory_peaks();
+  model->reset_memory_peaks();
   for (int i = 0; i < 2; ++i) {
     opt.zero_grad();
     at::cross_entropy_loss(model->forward(at::randn({300, 10})), at::randint(0, 4, {300})).backward();
@@ -276,6 +279,77 @@ TEST(DataParallel, MemoryReportShowsThePrimaryHoldsMore) {
   // on the primary alone.
   EXPECT_GE(report.replicas[0].activation_peak_bytes, report.replicas[1].activation_peak_bytes);
   EXPECT_GT(report.replicas[0].total(), report.replicas[1].total());
+}
+
+// In a fresh process (a re-executed "threadsafe" death test), since an earlier test may have
+// installed the tracking allocator for good: only track_cpu_memory(true) replaces LibTorch's.
+TEST(DataParallel, TheTrackingAllocatorIsOptIn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        c10::Allocator* before = c10::GetCPUAllocator();
+        Mlp net;
+        DataParallel plain(net, DataParallelOptions().devices(cpus(2)));
+        plain->forward(at::randn({4, 10})).sum().backward();
+        const bool untouched = c10::GetCPUAllocator() == before;
+        const auto report = plain->memory_report();
+        const bool says_so = !report.replicas[0].activations_tracked &&
+                             report.describe().find("activations not tracked") != std::string::npos;
+        DataParallel tracked(net, DataParallelOptions().devices(cpus(2)).track_cpu_memory(true));
+        const bool replaced = c10::GetCPUAllocator() != before;
+        std::fprintf(stderr, "untouched %d, says so %d, replaced when asked %d\n", untouched, says_so, replaced);
+        std::exit(untouched && says_so && replaced ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "untouched 1, says so 1, replaced when asked 1");
+}
+
+// A replica thread that cannot start: the threads already started are joined (no
+// std::terminate from a joinable std::thread) and the failure is one clear error.
+TEST(DataParallel, AThreadThatCannotStartJoinsTheOthersAndIsNamed) {
+  std::atomic<int> ran{0};
+  int started = 0;
+  auto start = [&](std::function<void()> body) {
+    if (++started == 3) throw std::system_error(EAGAIN, std::generic_category());  // what std::thread throws
+    return std::thread(std::move(body));
+  };
+  EXPECT_ERROR(dp::run_replicas(5, [&](size_t) { ++ran; }, start),
+               "DataParallel: cannot start the thread of replica 3 of 5: Resource temporarily unavailable");
+  EXPECT_EQ(ran.load(), 2);  // replicas 1 and 2 ran and were joined; replica 0 was not started
+  ran = 0;
+  dp::run_replicas(5, [&](size_t) { ++ran; });
+  EXPECT_EQ(ran.load(), 5);
+}
+
+// Persistent mode: a backward that raised left gradients in the replicas; they must not leak
+// into the next step (the result equals a run that skipped the failed step).
+TEST(DataParallel, AFailedBackwardLeavesNothingBehind) {
+  for (Mode mode : {Mode::Replicate, Mode::Persistent}) {
+    torch::manual_seed(3);
+    Mlp reference;
+    torch::manual_seed(3);
+    Mlp primary;
+    DataParallel model(primary, DataParallelOptions().devices(cpus(3)).mode(mode));
+    torch::optim::SGD ref_opt(reference->parameters(), 0.1), dp_opt(model->parameters(), 0.1);
+    for (int step = 0; step < 4; ++step) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(step);
+      at::Tensor x = at::randn({12, 10}, gen), y = at::randint(0, 4, {12}, gen);
+      dp_opt.zero_grad();
+      at::Tensor out = model->forward(x);
+      if (step == 1) {
+        // Backward raises on the primary's rows; the replicas' rows may have their gradients already.
+        at::Tensor poisoned = out.narrow(0, 0, 4).clone();
+        poisoned.register_hook([](at::Tensor) -> at::Tensor { throw std::runtime_error("injected"); });
+        EXPECT_ERROR_HAS((at::cross_entropy_loss(at::cat({poisoned, out.narrow(0, 4, 8)}), y).backward()), "injected");
+        continue;
+      }
+      at::cross_entropy_loss(out, y).backward();
+      dp_opt.step();
+      ref_opt.zero_grad();
+      at::cross_entropy_loss(reference->forward(x), y).backward();
+      ref_opt.step();
+    }
+    EXPECT_LE(max_relative_difference(model->module()->parameters(), reference->parameters()), 1e-5);
+  }
 }
 
 TEST(DataParallelGpu, OracleOnEveryVisibleGpu) {

@@ -7,7 +7,7 @@
 
 #include "tandem/comm/net.h"
 #include "tandem/error.h"
-#include "tandem/launch/launch_options.h"
+#include "launch/launch_options.h"
 
 using tandem::launch::LaunchOptions;
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -31,21 +32,20 @@ constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
 enum class ReduceOp { Sum, Avg, Max, Min, Product };
 const char* to_string(ReduceOp op);
 
+/// Options of ProcessGroup::create.
+///
+/// Example:
+///   auto pg = tandem::comm::ProcessGroup::create(world,
+///       tandem::comm::ProcessGroupOptions().timeout(std::chrono::seconds(60)).gloo_threads(4));
 struct ProcessGroupOptions {
   /// How long any collective may take before it fails with an error naming it.
-  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
+  TORCH_ARG(std::chrono::milliseconds, timeout) = kDefaultCollectiveTimeout;
   /// How long to wait for every rank to reach the store.
-  std::chrono::milliseconds rendezvous_timeout = kDefaultRendezvousTimeout;
+  TORCH_ARG(std::chrono::milliseconds, rendezvous_timeout) = kDefaultRendezvousTimeout;
   /// Threads Gloo uses to run collectives.
-  int gloo_threads = 2;
+  TORCH_ARG(int, gloo_threads) = 2;
   /// Create the NCCL backend when this build has it and a GPU is visible.
-  bool use_nccl = true;
-
-  ProcessGroupOptions& with_timeout(std::chrono::milliseconds t) { timeout = t; return *this; }
-  ProcessGroupOptions& with_rendezvous_timeout(std::chrono::milliseconds t) {
-    rendezvous_timeout = t;
-    return *this;
-  }
+  TORCH_ARG(bool, use_nccl) = true;
 };
 
 class ProcessGroup {
@@ -92,8 +92,5 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Backend> gloo_;
   c10::intrusive_ptr<c10d::Backend> nccl_;
 };
-
-/// The one-line message of any exception (c10::Error without its C++ backtrace).
-std::string one_line(const std::exception& e);
 
 }  // namespace tandem::comm

@@ -14,11 +14,15 @@
 //   opt.step();
 //   { auto guard = ddp->no_sync(); ddp->forward(x2).sum().backward(); }  // local accumulation
 #include <memory>
+#include <optional>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
 #include <torch/nn/module.h>
+#include <c10/util/Type.h>
 #include <torch/nn/pimpl.h>
 
 #include "tandem/comm/process_group.h"
@@ -36,7 +40,7 @@ class DdpCore {
 
   /// Returns whether this forward takes part in gradient synchronisation.
   bool pre_forward();
-  void post_forward(const std::vector<at::Tensor>& outputs);
+  void post_forward(const std::vector<at::Tensor>& outputs, bool outputs_complete, const std::string& output_type);
 
   bool sync_enabled() const { return sync_; }
   void set_sync(bool enabled) { sync_ = enabled; }
@@ -51,37 +55,71 @@ class DdpCore {
   bool sync_ = true;
 };
 
-inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
-inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
-  out.insert(out.end(), ts.begin(), ts.end());
-}
-template <typename... Ts>
-void collect_tensors(const std::tuple<Ts...>& tuple, std::vector<at::Tensor>& out) {
-  std::apply([&](const auto&... parts) { (collect_tensors(parts, out), ...); }, tuple);
-}
-template <typename A, typename B>
-void collect_tensors(const std::pair<A, B>& pair, std::vector<at::Tensor>& out) {
-  collect_tensors(pair.first, out);
-  collect_tensors(pair.second, out);
-}
-/// Outputs without tensors (or of a type we do not know) give find_unused nothing to start from.
+// The tensors of a forward's output, for find_unused_parameters' graph walk and for noticing
+// that backward started. collect() returns false when part of the value could not be looked into.
 template <typename T>
-void collect_tensors(const T&, std::vector<at::Tensor>&) {}
+struct OutputTensors {  // numbers and strings hold no tensor; any other type is opaque to DDP
+  static bool collect(const T&, std::vector<at::Tensor>&) {
+    return std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_same_v<T, std::string>;
+  }
+};
+template <>
+struct OutputTensors<at::Tensor> {
+  static bool collect(const at::Tensor& t, std::vector<at::Tensor>& out) {
+    out.push_back(t);
+    return true;
+  }
+};
+template <typename T>
+struct OutputTensors<std::vector<T>> {
+  static bool collect(const std::vector<T>& values, std::vector<at::Tensor>& out) {
+    bool complete = true;
+    for (const auto& v : values) complete = OutputTensors<T>::collect(v, out) && complete;
+    return complete;
+  }
+};
+template <typename T>
+struct OutputTensors<std::optional<T>> {
+  static bool collect(const std::optional<T>& value, std::vector<at::Tensor>& out) {
+    return !value || OutputTensors<T>::collect(*value, out);
+  }
+};
+template <typename... Ts>
+struct OutputTensors<std::tuple<Ts...>> {
+  static bool collect(const std::tuple<Ts...>& tuple, std::vector<at::Tensor>& out) {
+    return std::apply([&](const auto&... parts) {
+      return (OutputTensors<std::decay_t<decltype(parts)>>::collect(parts, out) & ... & true);
+    }, tuple);
+  }
+};
+template <typename A, typename B>
+struct OutputTensors<std::pair<A, B>> {
+  static bool collect(const std::pair<A, B>& pair, std::vector<at::Tensor>& out) {
+    const bool first = OutputTensors<A>::collect(pair.first, out);
+    return OutputTensors<B>::collect(pair.second, out) && first;
+  }
+};
 
 }  // namespace detail
 
-/// While alive, forwards and backwards of `ddp` accumulate gradients locally, without
+/// While alive, forwards and backwards of a DDP module accumulate gradients locally, without
 /// communication (PyTorch's no_sync()). The forward decides: a forward inside the scope is never
 /// synced, even if its backward runs after the scope ends.
 class NoSyncGuard {
  public:
-  explicit NoSyncGuard(detail::DdpCore& core) : core_(core), previous_(core.sync_enabled()) { core.set_sync(false); }
-  ~NoSyncGuard() { core_.set_sync(previous_); }
+  ~NoSyncGuard() {
+    if (core_) core_->set_sync(previous_);
+  }
+  NoSyncGuard(NoSyncGuard&& other) noexcept : core_(std::exchange(other.core_, nullptr)), previous_(other.previous_) {}
   NoSyncGuard(const NoSyncGuard&) = delete;
   NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
 
  private:
-  detail::DdpCore& core_;
+  template <typename>
+  friend class DistributedDataParallelImpl;
+  explicit NoSyncGuard(detail::DdpCore& core) : core_(&core), previous_(core.sync_enabled()) { core.set_sync(false); }
+  detail::DdpCore* core_;
   bool previous_;
 };
 
@@ -101,17 +139,23 @@ class DistributedDataParallelImpl : public torch::nn::Module {
     auto output = module_->forward(std::forward<Args>(args)...);
     if (synced) {
       std::vector<at::Tensor> tensors;
-      detail::collect_tensors(output, tensors);
-      core_->post_forward(tensors);
+      const bool complete = detail::OutputTensors<decltype(output)>::collect(output, tensors);
+      core_->post_forward(tensors, complete, c10::demangle_type<decltype(output)>());
     }
     return output;
   }
 
+  /// Local accumulation while the returned guard lives (PyTorch's `with ddp.no_sync():`).
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*core_); }
+  /// Whether the next forwards take part in gradient synchronisation (PyTorch's
+  /// require_backward_grad_sync); no_sync() sets it to false for its scope.
+  void set_require_backward_grad_sync(bool enabled) { core_->set_sync(enabled); }
+  bool require_backward_grad_sync() const { return core_->sync_enabled(); }
+  /// Registers the reduction of each bucket (comm_hook.h); before the first forward.
   void register_comm_hook(CommHook hook) { core_->reducer().register_comm_hook(std::move(hook)); }
 
+  /// The wrapped module, with its own type (PyTorch's ddp.module).
   ModuleHolder& module() { return module_; }
-  detail::DdpCore* core() { return core_.get(); }
   Reducer& reducer() { return core_->reducer(); }
   const std::shared_ptr<comm::ProcessGroup>& process_group() const { return core_->process_group(); }
 

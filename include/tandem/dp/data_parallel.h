@@ -22,6 +22,7 @@
 //   auto loss = torch::nll_loss(model->forward(x), y);
 //   loss.backward();
 //   opt.step();
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -53,7 +54,7 @@ class DpCore {
   at::Tensor forward(const at::Tensor& input);
 
   const DataParallelOptions& options() const { return options_; }
-  /// Replicas in use by the last forward (persistent mode: all that exist), replica 0 = primary.
+  /// The kept replicas (see DataParallelImpl::replicas).
   const std::vector<std::shared_ptr<torch::nn::Module>>& replicas() const { return replicas_; }
   MemoryReport memory_report() const;
   void reset_memory_peaks();
@@ -69,11 +70,12 @@ class DpCore {
   Forward forward_;
   Factory factory_;
   std::vector<std::shared_ptr<torch::nn::Module>> replicas_;
-  // Persistent mode: hooks on the replicas' gradient accumulators.
+  // Persistent mode: hooks on the replicas' gradient accumulators. They fire on the autograd
+  // engine's threads (one per device), hence atomics.
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
-  bool reduction_armed_ = false;
-  bool reduction_queued_ = false;
-  std::unique_ptr<MemoryTracker> memory_;
+  std::atomic<bool> reduction_armed_{false};
+  std::atomic<bool> reduction_queued_{false};
+  std::unique_ptr<MemoryTracker> memory_;  // only with track_cpu_memory
   size_t last_used_ = 0;  // replicas that took part in the last forward
 };
 
@@ -99,10 +101,15 @@ class DataParallelImpl : public torch::nn::Module {
 
   at::Tensor forward(const at::Tensor& input) { return core_->forward(input); }
 
+  /// The primary module, with its own type (PyTorch's dp.module).
   ModuleHolder& module() { return module_; }
-  detail::DpCore& core() { return *core_; }
+  /// The kept replicas, replica 0 being the primary: every device's in Persistent mode; the
+  /// primary alone in Replicate mode (its copies live only through a forward and its backward).
+  const std::vector<std::shared_ptr<torch::nn::Module>>& replicas() const { return core_->replicas(); }
   /// Per-device bytes: parameters, gradients, activations, optimizer state (docs/guide-dp.md).
   MemoryReport memory_report() const { return core_->memory_report(); }
+  /// Starts the activation peaks afresh (CPU: tracked bytes; CUDA: the allocator's peak).
+  void reset_memory_peaks() { core_->reset_memory_peaks(); }
 
  private:
   ModuleHolder module_;

@@ -30,6 +30,7 @@ struct DeviceMemory {
   int64_t parameter_bytes = 0;
   int64_t gradient_bytes = 0;
   int64_t activation_peak_bytes = 0;  // CPU: tracked; CUDA: allocator peak of the whole device
+  bool activations_tracked = true;    // false on CPU without DataParallelOptions::track_cpu_memory
   int64_t optimizer_bytes = 0;
   int64_t total() const { return parameter_bytes + gradient_bytes + activation_peak_bytes + optimizer_bytes; }
 };

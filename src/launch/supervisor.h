@@ -12,7 +12,7 @@
 // - Workers die with the launcher (PR_SET_PDEATHSIG), so even `kill -9` leaves no orphans.
 #include <string>
 
-#include "tandem/launch/launch_options.h"
+#include "launch/launch_options.h"
 
 namespace tandem::launch {
 

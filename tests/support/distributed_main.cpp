@@ -1,0 +1,47 @@
+#include "support/distributed_main.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <ATen/Parallel.h>
+
+#include "tandem/error.h"
+
+namespace tandem::test {
+namespace {
+std::shared_ptr<comm::ProcessGroup> g_pg;
+}
+
+comm::ProcessGroup& pg() { return *g_pg; }
+std::shared_ptr<comm::ProcessGroup> shared_pg() { return g_pg; }
+
+int distributed_test_main(int argc, char** argv, const Scenarios& scenarios) {
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = -1;
+  try {
+    const auto world = comm::World::from_env();
+    rank = world.rank;
+    auto options = comm::ProcessGroupOptions().timeout(std::chrono::seconds(120));
+    if (const char* ms = std::getenv("TANDEM_TEST_COLLECTIVE_TIMEOUT_MS")) {
+      options.timeout(std::chrono::milliseconds(std::atol(ms)));
+    }
+    g_pg = comm::ProcessGroup::create(world, options);
+    at::set_num_threads(1);  // ranks share two cores
+    if (argc > 1 && std::strncmp(argv[1], "--scenario=", 11) == 0) {
+      auto it = scenarios.find(argv[1] + 11);
+      TANDEM_CHECK(it != scenarios.end(), "unknown scenario '", argv[1] + 11, "'");
+      return it->second();
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: rank %d: %s\n", argv[0], rank, one_line(e).c_str());
+    return 2;
+  }
+  const int rc = RUN_ALL_TESTS();
+  g_pg.reset();
+  return rc;
+}
+
+}  // namespace tandem::test

@@ -1,0 +1,25 @@
+#pragma once
+// The main() of tests that run as every rank of a job (and as a world of one without launcher).
+//
+// It creates the process group from the environment (collective timeout 120 s, or
+// TANDEM_TEST_COLLECTIVE_TIMEOUT_MS), then either runs the GoogleTest suite or, with
+// `--scenario=NAME` as first argument, one failure scenario: code that is expected to end the
+// job, run under `tandem run` by tests/expect_failure.sh, which checks the exit and the message.
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "tandem/comm/process_group.h"
+
+namespace tandem::test {
+
+/// This process's group, for the test bodies.
+comm::ProcessGroup& pg();
+std::shared_ptr<comm::ProcessGroup> shared_pg();
+
+using Scenarios = std::map<std::string, std::function<int()>>;
+/// Call from main(): returns the exit code.
+int distributed_test_main(int argc, char** argv, const Scenarios& scenarios = {});
+
+}  // namespace tandem::test
