@@ -45,7 +45,7 @@ Command add_env_command(CLI::App& app) {
     line("inter-op threads", std::to_string(at::get_num_interop_threads()));
     line("OMP_NUM_THREADS", env_or("OMP_NUM_THREADS", "(unset)"));
     for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-                             "TORCHELASTIC_RUN_ID"}) {
+                             "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"}) {
       line(name, env_or(name, "(unset)"));
     }
     int rc = 0;

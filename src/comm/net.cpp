@@ -44,6 +44,14 @@ class Fd {
 
 }  // namespace
 
+std::string busy_port_message(const std::string& where) {
+  return "port " + where + " is busy. If another job holds it, choose another --master-port / "
+         "MASTER_PORT (or omit it on one node to pick a free one). If a launcher already serves "
+         "the rendezvous store there (torchrun does, and says so with "
+         "TORCHELASTIC_USE_AGENT_STORE=True), connect to it: set TORCHELASTIC_USE_AGENT_STORE=True "
+         "for workers started by hand next to a running store";
+}
+
 bool is_loopback(const std::string& host) {
   if (host == "localhost" || host == "::1") return true;
   in_addr v4{};
@@ -64,10 +72,7 @@ int listen_on(const std::string& host, int port) {
     last_errno = errno;
   }
   const std::string where = host + ":" + std::to_string(port);
-  if (last_errno == EADDRINUSE) {
-    throw Error("port " + where + " is busy: another process holds it; choose another "
-                "--master-port / MASTER_PORT, or omit it on one node to pick a free one");
-  }
+  if (last_errno == EADDRINUSE) throw Error(busy_port_message(where));
   if (last_errno == EADDRNOTAVAIL) {
     throw Error("cannot listen on " + where + ": '" + host + "' is not an address of this machine");
   }

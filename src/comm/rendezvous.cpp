@@ -1,10 +1,10 @@
 #include "tandem/comm/rendezvous.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "tandem/comm/net.h"
-#include "tandem/comm/process_group.h"  // one_line
 #include "tandem/error.h"
 
 namespace tandem::comm {
@@ -16,19 +16,24 @@ std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; 
 
 }  // namespace
 
+std::string agent_store_prefix(int restart_count) {
+  return "/worker/attempt_" + std::to_string(restart_count);
+}
+
 c10::intrusive_ptr<c10d::Store> rendezvous(const World& world, std::chrono::milliseconds timeout) {
   if (world.world_size == 1) return c10::make_intrusive<c10d::HashStore>();
 
   const std::string where = world.master_addr + ":" + std::to_string(world.master_port);
+  const bool hosts_store = world.rank == 0 && !world.use_agent_store;
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(world.master_port);
-  options.isServer = world.rank == 0;
+  options.isServer = hosts_store;
   options.numWorkers = world.world_size;
-  options.waitWorkers = true;
+  options.waitWorkers = true;  // as PyTorch's workers: a client only counts itself in
   options.timeout = timeout;
   // Note [Rendezvous]: loopback-only when the whole job is on this host. We bind the socket
   // ourselves so a busy port is reported as such, then hand it to the store.
-  if (world.rank == 0 && world.single_node() && is_loopback(world.master_addr)) {
+  if (hosts_store && world.single_node() && is_loopback(world.master_addr)) {
     options.masterListenFd =
         listen_on(world.master_addr == "localhost" ? "127.0.0.1" : world.master_addr, world.master_port);
   }
@@ -37,8 +42,19 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const World& world, std::chrono::mill
   try {
     store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
   } catch (const std::exception& e) {
-    throw Error("rendezvous of rank " + std::to_string(world.rank) + " at " + where +
-                " failed within " + std::to_string(timeout.count() / 1000) + " s: " + one_line(e));
+    const std::string text = e.what();
+    if (hosts_store && (text.find("Address already in use") != std::string::npos ||
+                        text.find("EADDRINUSE") != std::string::npos)) {
+      throw Error(busy_port_message(where));
+    }
+    throw Error("rendezvous of rank " + std::to_string(world.rank) + " at " +
+                (world.use_agent_store ? "the launcher's store " : "") + where + " failed within " +
+                std::to_string(timeout.count() / 1000) + " s: " + one_line(e));
+  }
+  // Note [Agent store]: the launcher's store outlives the workers, so a restarted attempt would
+  // read the keys its predecessor wrote; each attempt gets its own key space, as PyTorch did.
+  if (world.use_agent_store) {
+    store = c10::make_intrusive<c10d::PrefixStore>(agent_store_prefix(world.restart_count), store);
   }
 
   if (!world.run_id.empty()) {

@@ -47,14 +47,16 @@ class Reader {
   const World::Lookup& lookup_;
 };
 
-// Slurm writes SLURM_NTASKS_PER_NODE as "4" or "4(x2)" or "4,2": the leading count is ours.
-std::optional<int> leading_count(const std::optional<std::string>& v) {
-  if (!v || v->empty() || (*v)[0] < '0' || (*v)[0] > '9') return std::nullopt;
-  return std::atoi(v->c_str());
-}
-
-void require(bool ok, const std::string& message) {
-  if (!ok) throw Error(message);
+// Slurm writes task counts as "4", "4(x2)" or "4,2": the leading count is ours. Strict like the
+// rest: it must start with a positive count and go on with nothing but "(" or ",".
+std::optional<int> leading_count(const std::string& name, const std::optional<std::string>& v) {
+  if (!v) return std::nullopt;
+  const char* expected = "a task count such as 4, 4(x2) or 4,2";
+  try {
+    return parse_int(name, v->substr(0, v->find_first_of("(,")), 1, 1 << 24, expected);
+  } catch (const Error&) {
+    throw Error(name + "=\"" + *v + "\" is not valid: expected " + expected);
+  }
 }
 
 }  // namespace
@@ -80,65 +82,101 @@ World World::from_env() {
 World World::from_lookup(const Lookup& lookup) {
   Reader env(lookup);
   World w;
+  // The variables this source was read from, so that every message names what the user set:
+  // `*_from` is "WORLD_SIZE=8" when read, or "the world size 1 (SLURM_NTASKS is not set)".
+  std::string rank_name = "RANK", local_rank_name = "LOCAL_RANK";
+  std::string size_from, local_size_from;
+  auto read_from = [](const std::string& name, int value) { return name + "=" + std::to_string(value); };
+  auto defaulted = [](const char* what, int value, const std::string& why) {
+    return std::string(what) + " " + std::to_string(value) + " (" + why + ")";
+  };
   if (env.has("RANK") || env.has("WORLD_SIZE")) {
     w.source = WorldSource::Torchrun;
-    require(env.has("RANK"), "WORLD_SIZE is set but RANK is not: set both (e.g. RANK=0 WORLD_SIZE=2)");
-    require(env.has("WORLD_SIZE"), "RANK is set but WORLD_SIZE is not: set both (e.g. RANK=0 WORLD_SIZE=2)");
+    TANDEM_CHECK(env.has("RANK"), "WORLD_SIZE is set but RANK is not: set both (e.g. RANK=0 WORLD_SIZE=2)");
+    TANDEM_CHECK(env.has("WORLD_SIZE"), "RANK is set but WORLD_SIZE is not: set both (e.g. RANK=0 WORLD_SIZE=2)");
     w.rank = *env.index("RANK");
     w.world_size = *env.count("WORLD_SIZE");
+    size_from = read_from("WORLD_SIZE", w.world_size);
     // Without LOCAL_* the job is taken to be on one host, as a hand-started job usually is.
     w.local_rank = env.index("LOCAL_RANK").value_or(w.rank);
-    w.local_world_size = env.count("LOCAL_WORLD_SIZE").value_or(w.world_size);
+    auto local_size = env.count("LOCAL_WORLD_SIZE");
+    w.local_world_size = local_size.value_or(w.world_size);
+    local_size_from = local_size ? read_from("LOCAL_WORLD_SIZE", *local_size)
+                                 : defaulted("the local world size", w.local_world_size,
+                                             "LOCAL_WORLD_SIZE is not set: WORLD_SIZE");
     w.group_rank = env.index("GROUP_RANK").value_or(w.rank / w.local_world_size);
   } else if (env.has("SLURM_PROCID")) {
     w.source = WorldSource::Slurm;
+    rank_name = "SLURM_PROCID", local_rank_name = "SLURM_LOCALID";
     w.rank = *env.index("SLURM_PROCID");
-    w.world_size = env.count("SLURM_NTASKS").value_or(1);
+    auto size = env.count("SLURM_NTASKS");
+    w.world_size = size.value_or(1);
+    size_from = size ? read_from("SLURM_NTASKS", *size)
+                     : defaulted("the world size", 1, "SLURM_NTASKS is not set");
     w.local_rank = env.index("SLURM_LOCALID").value_or(0);
     int nodes = env.count("SLURM_NNODES").value_or(1);
-    w.local_world_size = leading_count(lookup("SLURM_NTASKS_PER_NODE"))
-                             .value_or((w.world_size + nodes - 1) / nodes);
+    auto per_node = lookup("SLURM_NTASKS_PER_NODE");
+    auto local_size = leading_count("SLURM_NTASKS_PER_NODE", per_node);
+    w.local_world_size = local_size.value_or((w.world_size + nodes - 1) / nodes);
+    local_size_from = local_size ? "SLURM_NTASKS_PER_NODE=" + *per_node
+                                 : defaulted("the local world size", w.local_world_size,
+                                             "SLURM_NTASKS_PER_NODE is not set: SLURM_NTASKS / SLURM_NNODES");
     w.group_rank = env.index("SLURM_NODEID").value_or(w.rank / w.local_world_size);
   } else if (env.has("OMPI_COMM_WORLD_RANK")) {
     w.source = WorldSource::OpenMpi;
+    rank_name = "OMPI_COMM_WORLD_RANK", local_rank_name = "OMPI_COMM_WORLD_LOCAL_RANK";
     w.rank = *env.index("OMPI_COMM_WORLD_RANK");
-    w.world_size = env.count("OMPI_COMM_WORLD_SIZE").value_or(1);
+    auto size = env.count("OMPI_COMM_WORLD_SIZE");
+    w.world_size = size.value_or(1);
+    size_from = size ? read_from("OMPI_COMM_WORLD_SIZE", *size)
+                     : defaulted("the world size", 1, "OMPI_COMM_WORLD_SIZE is not set");
     w.local_rank = env.index("OMPI_COMM_WORLD_LOCAL_RANK").value_or(0);
-    w.local_world_size = env.count("OMPI_COMM_WORLD_LOCAL_SIZE").value_or(w.world_size);
+    auto local_size = env.count("OMPI_COMM_WORLD_LOCAL_SIZE");
+    w.local_world_size = local_size.value_or(w.world_size);
+    local_size_from = local_size ? read_from("OMPI_COMM_WORLD_LOCAL_SIZE", *local_size)
+                                 : defaulted("the local world size", w.local_world_size,
+                                             "OMPI_COMM_WORLD_LOCAL_SIZE is not set: OMPI_COMM_WORLD_SIZE");
     w.group_rank = w.rank / w.local_world_size;
   }
 
-  const std::string rank_name = w.source == WorldSource::Slurm     ? "SLURM_PROCID"
-                                : w.source == WorldSource::OpenMpi ? "OMPI_COMM_WORLD_RANK"
-                                                                   : "RANK";
-  const std::string local_name = w.source == WorldSource::Slurm     ? "SLURM_LOCALID"
-                                 : w.source == WorldSource::OpenMpi ? "OMPI_COMM_WORLD_LOCAL_RANK"
-                                                                    : "LOCAL_RANK";
-  require(w.rank < w.world_size, rank_name + "=" + std::to_string(w.rank) +
-                                     " must be less than the world size " +
-                                     std::to_string(w.world_size));
-  require(w.local_world_size <= w.world_size,
-          "LOCAL_WORLD_SIZE=" + std::to_string(w.local_world_size) +
-              " must not exceed WORLD_SIZE=" + std::to_string(w.world_size));
-  require(w.local_rank < w.local_world_size,
-          local_name + "=" + std::to_string(w.local_rank) +
-              " must be less than the local world size " + std::to_string(w.local_world_size));
+  if (w.source != WorldSource::Single) {
+    TANDEM_CHECK(w.rank < w.world_size,
+            rank_name + "=" + std::to_string(w.rank) + " must be less than " + size_from);
+    TANDEM_CHECK(w.local_world_size <= w.world_size, local_size_from + " must not exceed " + size_from);
+    TANDEM_CHECK(w.local_rank < w.local_world_size, local_rank_name + "=" + std::to_string(w.local_rank) +
+                                                   " must be less than " + local_size_from);
+  }
 
   if (auto addr = env.text("MASTER_ADDR")) w.master_addr = *addr;
   if (auto port = lookup("MASTER_PORT")) {
     w.master_port = parse_int("MASTER_PORT", *port, 1, 65535, "a TCP port number in 1..65535");
   }
   if (w.world_size > 1) {
-    require(!w.master_addr.empty(),
-            "MASTER_ADDR is not set: a world of " + std::to_string(w.world_size) +
-                " ranks needs the host of rank 0 (e.g. MASTER_ADDR=127.0.0.1)");
-    require(w.master_port != 0, "MASTER_PORT is not set: a world of " +
-                                    std::to_string(w.world_size) +
-                                    " ranks needs rank 0's store port (e.g. MASTER_PORT=29500)");
+    // How a user of this source sets the two variables.
+    const std::string world = "a world of " + std::to_string(w.world_size) + " ranks" +
+                              (w.source == WorldSource::Torchrun ? "" : " (" + size_from + ")");
+    const std::string addr_example =
+        w.source == WorldSource::OpenMpi ? "mpirun -x MASTER_ADDR=127.0.0.1"
+        : w.source == WorldSource::Slurm ? "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"
+                                         : "MASTER_ADDR=127.0.0.1";
+    const std::string port_example =
+        w.source == WorldSource::OpenMpi ? "mpirun -x MASTER_PORT=29500" : "MASTER_PORT=29500";
+    TANDEM_CHECK(!w.master_addr.empty(),
+            "MASTER_ADDR is not set: " + world + " needs the host of rank 0 (e.g. " + addr_example + ")");
+    TANDEM_CHECK(w.master_port != 0,
+            "MASTER_PORT is not set: " + world + " needs rank 0's store port (e.g. " + port_example + ")");
   }
   w.restart_count = env.index("TORCHELASTIC_RESTART_COUNT").value_or(0);
   w.max_restarts = env.index("TORCHELASTIC_MAX_RESTARTS").value_or(0);
   if (auto id = lookup("TORCHELASTIC_RUN_ID")) w.run_id = *id;
+  // torchrun writes Python's str(bool); PyTorch compares with "True". Anything else is a typo
+  // that would silently make rank 0 fight the agent for its port: refuse it.
+  if (auto agent = lookup("TORCHELASTIC_USE_AGENT_STORE")) {
+    TANDEM_CHECK(*agent == "True" || *agent == "False",
+            "TORCHELASTIC_USE_AGENT_STORE=\"" + *agent +
+                "\" is not valid: expected True or False (as torchrun writes it)");
+    w.use_agent_store = *agent == "True";
+  }
   return w;
 }
 
@@ -152,6 +190,7 @@ std::string World::describe() const {
   out << "rank " << rank << "/" << world_size << " (local " << local_rank << "/"
       << local_world_size << ", node " << group_rank << ")";
   if (!master_addr.empty()) out << " master " << master_addr << ":" << master_port;
+  if (use_agent_store) out << " (agent store)";
   if (!run_id.empty()) out << " run " << run_id;
   out << " restart " << restart_count << "/" << max_restarts << " via " << to_string(source);
   return out.str();

@@ -21,7 +21,7 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int world_size, int
   if (rank < 0 || rank >= world_size) {
     throw Error("DistributedSampler: rank " + std::to_string(rank) + " is not in 0.." + std::to_string(world_size - 1));
   }
-  num_samples_ = options.drop_last_ && dataset_size % world_size != 0
+  num_samples_ = options.drop_last() && dataset_size % world_size != 0
                      ? ceil_div(dataset_size - world_size, world_size)
                      : ceil_div(dataset_size, world_size);
   if (num_samples_ < 0) num_samples_ = 0;
@@ -29,10 +29,10 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int world_size, int
 
 std::vector<int64_t> DistributedSampler::indices() const {
   std::vector<int64_t> order(static_cast<size_t>(dataset_size_));
-  if (options_.shuffle_) {
+  if (options_.shuffle()) {
     // The same generator and call as Python's torch.randperm(n, generator=g) with
     // g.manual_seed(seed + epoch): identical permutations from the same LibTorch.
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed_ + static_cast<uint64_t>(epoch_));
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed() + static_cast<uint64_t>(epoch_));
     at::Tensor perm = at::randperm(dataset_size_, generator, at::TensorOptions().dtype(at::kLong));
     const int64_t* p = perm.data_ptr<int64_t>();
     std::copy(p, p + dataset_size_, order.begin());
@@ -40,7 +40,7 @@ std::vector<int64_t> DistributedSampler::indices() const {
     for (int64_t i = 0; i < dataset_size_; ++i) order[static_cast<size_t>(i)] = i;
   }
   const auto total = static_cast<size_t>(total_size());
-  if (!options_.drop_last_ && total > order.size() && !order.empty()) {
+  if (!options_.drop_last() && total > order.size() && !order.empty()) {
     const size_t n = order.size();
     order.reserve(total);
     for (size_t i = n; i < total; ++i) order.push_back(order[(i - n) % n]);

@@ -83,6 +83,8 @@ std::vector<std::string> Supervisor::worker_env(int local_rank, int attempt) con
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts)},
       {"TORCHELASTIC_RUN_ID", options_.run_id},
+      // Rank 0 hosts the store: never inherit a torchrun agent's "connect to mine".
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TANDEM_LOG_DIR", options_.log_dir},
   };
   std::vector<std::string> env;

@@ -167,7 +167,7 @@ TEST(Nccl, AllReduceOnCudaTensor) {
 TEST(Timeout, AMissingPeerEndsTheCollectiveWithItsName) {
   if (W() < 2) GTEST_SKIP() << "needs two ranks";
   if (R() == 0) {
-    std::this_thread::sleep_for(pg().options().timeout + std::chrono::seconds(2));
+    std::this_thread::sleep_for(pg().options().timeout() + std::chrono::seconds(2));
     return;
   }
   at::Tensor t = at::ones({4});
@@ -179,7 +179,7 @@ TEST(Timeout, AMissingPeerEndsTheCollectiveWithItsName) {
     EXPECT_NE(std::string(e.what()).find("all_reduce of 4 Float on cpu (sum) failed on rank 1 of 2"),
               std::string::npos) << e.what();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, pg().options().timeout + std::chrono::seconds(5));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, pg().options().timeout() + std::chrono::seconds(5));
 }
 
 int main(int argc, char** argv) {
@@ -191,13 +191,45 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d: exiting before rendezvous (test injection)\n", world.rank);
       return 5;
     }
-    tandem::comm::ProcessGroupOptions options;
-    options.timeout = std::chrono::seconds(60);
-    if (const char* ms = std::getenv("TANDEM_TEST_COLLECTIVE_TIMEOUT_MS")) {
-      options.timeout = std::chrono::milliseconds(std::atol(ms));
+    // The torchrun restart test (below): on the attempts after the failed one, the last rank
+    // arrives late, so the others would read the failed attempt's Gloo addresses if they could.
+    const char* fail_on = std::getenv("TANDEM_TEST_FAIL_ON_ATTEMPT");
+    if (fail_on && world.restart_count > std::atoi(fail_on) && world.rank == world.world_size - 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
     }
-    options.rendezvous_timeout = std::chrono::seconds(60);
+    tandem::comm::ProcessGroupOptions options;
+    options.timeout(std::chrono::seconds(60));
+    if (const char* ms = std::getenv("TANDEM_TEST_COLLECTIVE_TIMEOUT_MS")) {
+      options.timeout(std::chrono::milliseconds(std::atol(ms)));
+    }
+    options.rendezvous_timeout(std::chrono::seconds(60));
     g_pg = ProcessGroup::create(world, options);
+    // Failure injection for the torchrun restart test (TANDEM_TEST_FAIL_ON_ATTEMPT=N): on attempt
+    // N, once every rank has joined the process group and rank 0 has written a key, the last
+    // rank dies and the others wait for the launcher to stop them. Every later attempt must
+    // rendezvous in the same launcher's store without seeing any of attempt N's keys.
+    const std::string marker = "restart_test/written_by_attempt";
+    if (fail_on && world.restart_count == std::atoi(fail_on)) {
+      if (world.rank == 0) g_pg->store()->set(marker, std::vector<uint8_t>{'x'});
+      g_pg->barrier();
+      if (world.rank == world.world_size - 1) {
+        std::fprintf(stderr, "rank %d: exiting on attempt %d after creating the process group (test injection)\n",
+                     world.rank, world.restart_count);
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(60));  // until the launcher stops us
+      return 4;
+    }
+    if (fail_on && world.restart_count > std::atoi(fail_on)) {
+      if (g_pg->store()->check({marker})) {
+        std::fprintf(stderr, "rank %d: attempt %d sees a key that attempt %s wrote: the attempts share keys\n",
+                     world.rank, world.restart_count, fail_on);
+        return 6;
+      }
+      std::fprintf(stderr, "rank %d: attempt %d rendezvoused without seeing attempt %s's keys\n", world.rank,
+                   world.restart_count, fail_on);
+    }
   } catch (const tandem::Error& e) {
     std::fprintf(stderr, "collectives_test: %s\n", e.what());
     return 2;

@@ -1,8 +1,16 @@
-// The environment contract: a table of good and malformed environments, each with its outcome.
+// The environment contract: a table of good and malformed environments, each with its outcome;
+// then the rendezvous it leads to (a launcher's store, a busy port).
 #include <gtest/gtest.h>
 
-#include <map>
+#include <unistd.h>
 
+#include <map>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "tandem/comm/net.h"
+#include "tandem/comm/rendezvous.h"
 #include "tandem/comm/world.h"
 #include "tandem/error.h"
 
@@ -106,6 +114,33 @@ TEST(World, TorchrunVariablesWinOverSlurm) {
   EXPECT_EQ(from(env).source, WorldSource::Torchrun);
 }
 
+TEST(World, ReadsTorchrunsAgentStoreFlag) {
+  EXPECT_FALSE(from(kTorchrun).use_agent_store);  // absent: rank 0 hosts the store
+  EXPECT_TRUE(from(with(kTorchrun, "TORCHELASTIC_USE_AGENT_STORE", "True")).use_agent_store);
+  EXPECT_FALSE(from(with(kTorchrun, "TORCHELASTIC_USE_AGENT_STORE", "False")).use_agent_store);
+  EXPECT_NE(from(with(kTorchrun, "TORCHELASTIC_USE_AGENT_STORE", "True")).describe().find(
+                "master node0:29500 (agent store)"),
+            std::string::npos);
+}
+
+TEST(World, SlurmAndOpenMpiWithoutSizesAreAWorldOfOne) {
+  World slurm = from({{"SLURM_PROCID", "0"}});
+  EXPECT_EQ(slurm.world_size, 1);
+  EXPECT_EQ(slurm.local_world_size, 1);
+  World mpi = from({{"OMPI_COMM_WORLD_RANK", "0"}});
+  EXPECT_EQ(mpi.world_size, 1);
+  EXPECT_EQ(mpi.local_world_size, 1);
+}
+
+TEST(World, SlurmTaskCountsAcceptEverySlurmSpelling) {
+  const Env base = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "8"}, {"MASTER_ADDR", "n0"}, {"MASTER_PORT", "1"}};
+  EXPECT_EQ(from(with(base, "SLURM_NTASKS_PER_NODE", "4")).local_world_size, 4);
+  EXPECT_EQ(from(with(base, "SLURM_NTASKS_PER_NODE", "4(x2)")).local_world_size, 4);
+  EXPECT_EQ(from(with(base, "SLURM_NTASKS_PER_NODE", "4,2(x2)")).local_world_size, 4);
+  // Without it: the tasks spread over SLURM_NNODES, rounded up.
+  EXPECT_EQ(from(with(base, "SLURM_NNODES", "3")).local_world_size, 3);
+}
+
 struct BadCase {
   const char* name;
   Env env;
@@ -139,9 +174,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"WorldSizeFloat", with(kTorchrun, "WORLD_SIZE", "2.5"),
                 "WORLD_SIZE=\"2.5\" is not valid: expected a positive integer (e.g. 4)"},
         BadCase{"RankAtWorldSize", with(kTorchrun, "RANK", "8"),
-                "RANK=8 must be less than the world size 8"},
+                "RANK=8 must be less than WORLD_SIZE=8"},
         BadCase{"LocalRankAtLocalWorldSize", with(kTorchrun, "LOCAL_RANK", "4"),
-                "LOCAL_RANK=4 must be less than the local world size 4"},
+                "LOCAL_RANK=4 must be less than LOCAL_WORLD_SIZE=4"},
         BadCase{"LocalWorldSizeAboveWorldSize", with(kTorchrun, "LOCAL_WORLD_SIZE", "9"),
                 "LOCAL_WORLD_SIZE=9 must not exceed WORLD_SIZE=8"},
         BadCase{"LocalRankNegative", with(kTorchrun, "LOCAL_RANK", "-2"),
@@ -164,7 +199,145 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"RestartCountNegative", with(kTorchrun, "TORCHELASTIC_RESTART_COUNT", "-1"),
                 "TORCHELASTIC_RESTART_COUNT=\"-1\" is not valid: expected a non-negative integer (e.g. 0)"},
         BadCase{"SlurmRankAtSize", {{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}},
-                "SLURM_PROCID=4 must be less than the world size 4"},
+                "SLURM_PROCID=4 must be less than SLURM_NTASKS=4"},
         BadCase{"MpiSizeNotInteger", {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "x"}},
-                "OMPI_COMM_WORLD_SIZE=\"x\" is not valid: expected a positive integer (e.g. 4)"}),
+                "OMPI_COMM_WORLD_SIZE=\"x\" is not valid: expected a positive integer (e.g. 4)"},
+        // TORCHELASTIC_USE_AGENT_STORE: exactly what torchrun writes (Python's str(bool)).
+        BadCase{"AgentStoreLowercase", with(kTorchrun, "TORCHELASTIC_USE_AGENT_STORE", "true"),
+                "TORCHELASTIC_USE_AGENT_STORE=\"true\" is not valid: expected True or False (as torchrun writes it)"},
+        BadCase{"AgentStoreOne", with(kTorchrun, "TORCHELASTIC_USE_AGENT_STORE", "1"),
+                "TORCHELASTIC_USE_AGENT_STORE=\"1\" is not valid: expected True or False (as torchrun writes it)"},
+        BadCase{"AgentStoreEmpty", with(kTorchrun, "TORCHELASTIC_USE_AGENT_STORE", ""),
+                "TORCHELASTIC_USE_AGENT_STORE=\"\" is not valid: expected True or False (as torchrun writes it)"},
+        // Every message names the variable of the source that was read.
+        BadCase{"LocalRankWithoutLocalWorldSize",
+                with(with(kTorchrun, "LOCAL_WORLD_SIZE", std::nullopt), "LOCAL_RANK", "8"),
+                "LOCAL_RANK=8 must be less than the local world size 8 (LOCAL_WORLD_SIZE is not set: WORLD_SIZE)"},
+        BadCase{"SlurmRankWithoutNtasks", {{"SLURM_PROCID", "3"}},
+                "SLURM_PROCID=3 must be less than the world size 1 (SLURM_NTASKS is not set)"},
+        BadCase{"SlurmTasksPerNodeAboveNtasks",
+                {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "8"}},
+                "SLURM_NTASKS_PER_NODE=8 must not exceed SLURM_NTASKS=4"},
+        BadCase{"SlurmTasksPerNodeWithoutNtasks", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS_PER_NODE", "2(x2)"}},
+                "SLURM_NTASKS_PER_NODE=2(x2) must not exceed the world size 1 (SLURM_NTASKS is not set)"},
+        BadCase{"SlurmLocalIdAtTasksPerNode",
+                {{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "2"}, {"SLURM_NTASKS_PER_NODE", "2(x2)"}},
+                "SLURM_LOCALID=2 must be less than SLURM_NTASKS_PER_NODE=2(x2)"},
+        BadCase{"SlurmLocalIdAtDerivedLocalSize",
+                {{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_NNODES", "2"}, {"SLURM_LOCALID", "2"}},
+                "SLURM_LOCALID=2 must be less than the local world size 2 (SLURM_NTASKS_PER_NODE is not set: "
+                "SLURM_NTASKS / SLURM_NNODES)"},
+        BadCase{"SlurmTasksPerNodeNotACount", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS_PER_NODE", "x(x2)"}},
+                "SLURM_NTASKS_PER_NODE=\"x(x2)\" is not valid: expected a task count such as 4, 4(x2) or 4,2"},
+        BadCase{"SlurmTasksPerNodeZero", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS_PER_NODE", "0"}},
+                "SLURM_NTASKS_PER_NODE=\"0\" is not valid: expected a task count such as 4, 4(x2) or 4,2"},
+        BadCase{"SlurmNtasksNotInteger", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "four"}},
+                "SLURM_NTASKS=\"four\" is not valid: expected a positive integer (e.g. 4)"},
+        BadCase{"SlurmMissingMasterAddr", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}},
+                "MASTER_ADDR is not set: a world of 4 ranks (SLURM_NTASKS=4) needs the host of rank 0 "
+                "(e.g. MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1))"},
+        BadCase{"SlurmMissingMasterPort", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"MASTER_ADDR", "n0"}},
+                "MASTER_PORT is not set: a world of 4 ranks (SLURM_NTASKS=4) needs rank 0's store port "
+                "(e.g. MASTER_PORT=29500)"},
+        BadCase{"MpiRankAtSize", {{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
+                "OMPI_COMM_WORLD_RANK=2 must be less than OMPI_COMM_WORLD_SIZE=2"},
+        BadCase{"MpiRankWithoutSize", {{"OMPI_COMM_WORLD_RANK", "1"}},
+                "OMPI_COMM_WORLD_RANK=1 must be less than the world size 1 (OMPI_COMM_WORLD_SIZE is not set)"},
+        BadCase{"MpiLocalSizeAboveSize",
+                {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}},
+                "OMPI_COMM_WORLD_LOCAL_SIZE=4 must not exceed OMPI_COMM_WORLD_SIZE=2"},
+        BadCase{"MpiLocalRankAtLocalSize",
+                {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
+                "OMPI_COMM_WORLD_LOCAL_RANK=2 must be less than OMPI_COMM_WORLD_LOCAL_SIZE=2"},
+        BadCase{"MpiLocalRankWithoutLocalSize",
+                {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}},
+                "OMPI_COMM_WORLD_LOCAL_RANK=2 must be less than the local world size 2 "
+                "(OMPI_COMM_WORLD_LOCAL_SIZE is not set: OMPI_COMM_WORLD_SIZE)"},
+        BadCase{"MpiMissingMasterAddr", {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
+                "MASTER_ADDR is not set: a world of 2 ranks (OMPI_COMM_WORLD_SIZE=2) needs the host of rank 0 "
+                "(e.g. mpirun -x MASTER_ADDR=127.0.0.1)"},
+        BadCase{"MpiMissingMasterPort",
+                {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}},
+                "MASTER_PORT is not set: a world of 2 ranks (OMPI_COMM_WORLD_SIZE=2) needs rank 0's store port "
+                "(e.g. mpirun -x MASTER_PORT=29500)"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// The rendezvous over a store served by someone else (torchrun's agent), and a busy port.
+namespace {
+
+World two_ranks(int rank, int port, bool agent_store, int restart_count = 0) {
+  Env env = {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+             {"MASTER_PORT", std::to_string(port)}, {"TORCHELASTIC_RUN_ID", "job7"},
+             {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)}};
+  if (agent_store) env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  return from(env);
+}
+
+std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+TEST(Rendezvous, AgentStoreMakesEveryRankAClientUnderTheAttemptPrefix) {
+  c10d::TCPStoreOptions server_options;
+  server_options.port = 0;
+  server_options.isServer = true;
+  server_options.timeout = std::chrono::seconds(10);
+  c10d::TCPStore agent("127.0.0.1", server_options);  // what torchrun's agent serves
+  const int port = agent.getPort();
+  agent.set("/worker/attempt_0/tandem/run_id", std::vector<uint8_t>{'o', 'l', 'd'});  // attempt 0's leftover
+
+  c10::intrusive_ptr<c10d::Store> stores[2];
+  std::thread rank1([&] { stores[1] = tandem::comm::rendezvous(two_ranks(1, port, true, 1), std::chrono::seconds(10)); });
+  stores[0] = tandem::comm::rendezvous(two_ranks(0, port, true, 1), std::chrono::seconds(10));
+  rank1.join();
+
+  EXPECT_EQ(tandem::comm::agent_store_prefix(1), "/worker/attempt_1");
+  EXPECT_EQ(text(agent.get("/worker/attempt_1/tandem/run_id")), "job7");
+  EXPECT_FALSE(agent.check({"tandem/run_id"}));  // nothing outside the attempt's prefix
+  stores[1]->set("hello", std::vector<uint8_t>{'1'});
+  EXPECT_EQ(text(stores[0]->get("hello")), "1");
+  EXPECT_EQ(text(agent.get("/worker/attempt_1/hello")), "1");
+  EXPECT_EQ(text(agent.get("/worker/attempt_0/tandem/run_id")), "old");  // untouched
+}
+
+TEST(Rendezvous, AgentStoreThatIsNotThereIsNamed) {
+  const int port = tandem::comm::pick_free_port();
+  try {
+    tandem::comm::rendezvous(two_ranks(0, port, true), std::chrono::seconds(1));
+    FAIL() << "rendezvous succeeded without a store";
+  } catch (const tandem::Error& e) {
+    const std::string expected = "rendezvous of rank 0 at the launcher's store 127.0.0.1:" + std::to_string(port) +
+                                 " failed within 1 s: ";
+    EXPECT_EQ(std::string(e.what()).substr(0, expected.size()), expected);
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+}
+
+// Both ways rank 0 opens the store: binding loopback itself (the whole job on this host), and
+// c10d binding every interface (a multi-node job, here LOCAL_WORLD_SIZE=1).
+class BusyPort : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BusyPort, SaysWhatToDoInBothCases) {
+  const bool multi_node = GetParam();
+  const int port = tandem::comm::pick_free_port();
+  const int held = tandem::comm::listen_on("127.0.0.1", port);  // another job, or a launcher's store
+  World world = two_ranks(0, port, false);
+  if (multi_node) world.local_world_size = 1;
+  std::string message = "<no error>";
+  try {
+    tandem::comm::rendezvous(world, std::chrono::seconds(1));
+  } catch (const tandem::Error& e) {
+    message = e.what();
+  }
+  ::close(held);
+  EXPECT_EQ(message, "port 127.0.0.1:" + std::to_string(port) +
+                         " is busy. If another job holds it, choose another --master-port / MASTER_PORT (or "
+                         "omit it on one node to pick a free one). If a launcher already serves the rendezvous "
+                         "store there (torchrun does, and says so with TORCHELASTIC_USE_AGENT_STORE=True), "
+                         "connect to it: set TORCHELASTIC_USE_AGENT_STORE=True for workers started by hand next "
+                         "to a running store");
+}
+
+INSTANTIATE_TEST_SUITE_P(Rendezvous, BusyPort, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "MultiNode" : "OneHost"; });

@@ -12,6 +12,10 @@ bool is_loopback(const std::string& host);
 /// the address when the port is busy or the host is not an address of this machine.
 int listen_on(const std::string& host, int port);
 
+/// The one-line message for a busy MASTER_PORT on rank 0: what to do when another job holds the
+/// port, and when a launcher (torchrun) already serves the store there.
+std::string busy_port_message(const std::string& where);
+
 /// A port that was free on `host` a moment ago (bind to port 0, read it back, close).
 int pick_free_port(const std::string& host = "127.0.0.1");
 

@@ -4,7 +4,7 @@
 // Sources, first match wins (see docs/guide.md, "Environment contract"):
 //   1. torchrun / `tandem run`: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 //      MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
-//      TORCHELASTIC_RUN_ID
+//      TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE
 //   2. Slurm:    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (+ SLURM_NTASKS_PER_NODE, SLURM_NODEID)
 //   3. Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
 //                OMPI_COMM_WORLD_LOCAL_SIZE
@@ -37,6 +37,10 @@ struct World {
   int restart_count = 0;
   int max_restarts = 0;
   std::string run_id;
+  /// TORCHELASTIC_USE_AGENT_STORE=True: the launcher (torchrun's agent) already serves the
+  /// rendezvous store at MASTER_ADDR:MASTER_PORT, so every rank, rank 0 included, connects to it
+  /// as a client (Note [Rendezvous] in rendezvous.h). Absent or False: rank 0 hosts the store.
+  bool use_agent_store = false;
   WorldSource source = WorldSource::Single;
 
   /// Reads the process environment. Throws tandem::Error naming the variable on bad input.

@@ -22,15 +22,21 @@
 #include <cstdint>
 #include <vector>
 
+#include <torch/arg.h>
+
 namespace tandem::data {
 
+/// Options of DistributedSampler, with the names and defaults of PyTorch's.
+///
+/// Example:
+///   auto options = tandem::data::DistributedSamplerOptions().shuffle(true).seed(42).drop_last(false);
 struct DistributedSamplerOptions {
-  bool shuffle_ = true;
-  uint64_t seed_ = 0;
-  bool drop_last_ = false;
-  DistributedSamplerOptions& shuffle(bool v) { shuffle_ = v; return *this; }
-  DistributedSamplerOptions& seed(uint64_t v) { seed_ = v; return *this; }
-  DistributedSamplerOptions& drop_last(bool v) { drop_last_ = v; return *this; }
+  /// A new permutation every epoch (randperm seeded seed + epoch), else the dataset order.
+  TORCH_ARG(bool, shuffle) = true;
+  /// The same on every rank: the epochs' permutations depend on it.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Drop the tail that does not divide evenly among the ranks, instead of padding it.
+  TORCH_ARG(bool, drop_last) = false;
 };
 
 class DistributedSampler {

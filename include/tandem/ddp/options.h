@@ -1,10 +1,5 @@
 #pragma once
 // Options of tandem::ddp::DistributedDataParallel, with PyTorch DDP's names and defaults.
-//
-// Example:
-//   auto options = tandem::ddp::DistributedDataParallelOptions()
-//                      .bucket_cap_mb(25)
-//                      .gradient_as_bucket_view(true);
 #include <torch/arg.h>
 
 #include "tandem/ddp/bucket_assignment.h"
@@ -14,6 +9,12 @@ namespace tandem::ddp {
 constexpr double kDefaultBucketCapMb = 25.0;
 constexpr double kDefaultFirstBucketMb = 1.0;
 
+/// Options of DistributedDataParallel.
+///
+/// Example:
+///   auto options = tandem::ddp::DistributedDataParallelOptions()
+///                      .bucket_cap_mb(25)
+///                      .gradient_as_bucket_view(true);
 struct DistributedDataParallelOptions {
   /// Bucket size cap in MiB (PyTorch: bucket_cap_mb).
   TORCH_ARG(double, bucket_cap_mb) = kDefaultBucketCapMb;

@@ -1,11 +1,5 @@
 #pragma once
 // Options of tandem::dp::DataParallel.
-//
-// Example:
-//   auto options = tandem::dp::DataParallelOptions()
-//                      .devices({torch::kCPU, torch::kCPU, torch::kCPU})   // 3 CPU replicas
-//                      .mode(tandem::dp::Mode::Persistent)
-//                      .track_cpu_memory(true);
 #include <optional>
 #include <vector>
 
@@ -23,6 +17,13 @@ enum class Mode {
   Persistent,
 };
 
+/// Options of DataParallel.
+///
+/// Example:
+///   auto options = tandem::dp::DataParallelOptions()
+///                      .devices({torch::kCPU, torch::kCPU, torch::kCPU})   // 3 CPU replicas
+///                      .mode(tandem::dp::Mode::Persistent)
+///                      .track_cpu_memory(true);
 struct DataParallelOptions {
   /// One replica per entry; the first is the primary device. CUDA devices must be distinct; the
   /// CPU may appear several times (N replicas sharing the host's cores). Unset: every visible
