@@ -34,6 +34,7 @@ struct Options {
   int64_t batch = 64;
   int steps = 30, warmup = 5, threads = 1, replicas = 2;
   bool bucket_view = false;
+  bool untracked = false;  // DataParallel without track_cpu_memory: no per-replica activation figures
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -91,7 +92,7 @@ std::vector<double> train(const Options& o, comm::ProcessGroup& pg, int64_t& gra
     dp::DataParallel model(net, dp::DataParallelOptions()
                                     .devices(std::vector<c10::Device>(static_cast<size_t>(o.replicas), c10::kCPU))
                                     .mode(o.mode == "dp_replicate" ? dp::Mode::Replicate : dp::Mode::Persistent)
-                                    .track_cpu_memory(true),
+                                    .track_cpu_memory(!o.untracked),
                         [] { return Holder(); });
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     model->reset_memory_peaks();
@@ -164,6 +165,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps)->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup)->check(CLI::NonNegativeNumber);
   app.add_flag("--bucket-view", o.bucket_view);
+  app.add_flag("--untracked", o.untracked, "DataParallel modes: leave LibTorch's CPU allocator alone");
   app.add_option("--out", o.out);
   CLI11_PARSE(app, argc, argv);
   try {

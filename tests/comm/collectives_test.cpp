@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include "support/distributed_main.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/error.h"
@@ -18,9 +19,7 @@ using tandem::comm::ReduceOp;
 
 namespace {
 
-std::shared_ptr<ProcessGroup> g_pg;
-
-ProcessGroup& pg() { return *g_pg; }
+using tandem::test::pg;
 int W() { return pg().size(); }
 int R() { return pg().rank(); }
 
@@ -183,10 +182,9 @@ TEST(Timeout, AMissingPeerEndsTheCollectiveWithItsName) {
 }
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  try {
-    auto world = tandem::comm::World::from_env();
-    // Failure injection for the launcher tests: a rank that dies before the rendezvous.
+  tandem::test::Injections inject;
+  // Failure injection for the launcher tests: a rank that dies before the rendezvous.
+  inject.before_group = [](const tandem::comm::World& world) -> std::optional<int> {
     if (const char* r = std::getenv("TANDEM_TEST_DIE_BEFORE_RENDEZVOUS"); r && std::atoi(r) == world.rank) {
       std::fprintf(stderr, "rank %d: exiting before rendezvous (test injection)\n", world.rank);
       return 5;
@@ -197,21 +195,19 @@ int main(int argc, char** argv) {
     if (fail_on && world.restart_count > std::atoi(fail_on) && world.rank == world.world_size - 1) {
       std::this_thread::sleep_for(std::chrono::seconds(2));
     }
-    tandem::comm::ProcessGroupOptions options;
-    options.timeout(std::chrono::seconds(60));
-    if (const char* ms = std::getenv("TANDEM_TEST_COLLECTIVE_TIMEOUT_MS")) {
-      options.timeout(std::chrono::milliseconds(std::atol(ms)));
-    }
-    options.rendezvous_timeout(std::chrono::seconds(60));
-    g_pg = ProcessGroup::create(world, options);
-    // Failure injection for the torchrun restart test (TANDEM_TEST_FAIL_ON_ATTEMPT=N): on attempt
-    // N, once every rank has joined the process group and rank 0 has written a key, the last
-    // rank dies and the others wait for the launcher to stop them. Every later attempt must
-    // rendezvous in the same launcher's store without seeing any of attempt N's keys.
+    return std::nullopt;
+  };
+  // Failure injection for the torchrun restart test (TANDEM_TEST_FAIL_ON_ATTEMPT=N): on attempt
+  // N, once every rank has joined the process group and rank 0 has written a key, the last
+  // rank dies and the others wait for the launcher to stop them. Every later attempt must
+  // rendezvous in the same launcher's store without seeing any of attempt N's keys.
+  inject.after_group = [](ProcessGroup& group) -> std::optional<int> {
+    const char* fail_on = std::getenv("TANDEM_TEST_FAIL_ON_ATTEMPT");
+    const auto& world = group.world();
     const std::string marker = "restart_test/written_by_attempt";
     if (fail_on && world.restart_count == std::atoi(fail_on)) {
-      if (world.rank == 0) g_pg->store()->set(marker, std::vector<uint8_t>{'x'});
-      g_pg->barrier();
+      if (world.rank == 0) group.store()->set(marker, std::vector<uint8_t>{'x'});
+      group.barrier();
       if (world.rank == world.world_size - 1) {
         std::fprintf(stderr, "rank %d: exiting on attempt %d after creating the process group (test injection)\n",
                      world.rank, world.restart_count);
@@ -222,7 +218,7 @@ int main(int argc, char** argv) {
       return 4;
     }
     if (fail_on && world.restart_count > std::atoi(fail_on)) {
-      if (g_pg->store()->check({marker})) {
+      if (group.store()->check({marker})) {
         std::fprintf(stderr, "rank %d: attempt %d sees a key that attempt %s wrote: the attempts share keys\n",
                      world.rank, world.restart_count, fail_on);
         return 6;
@@ -230,11 +226,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d: attempt %d rendezvoused without seeing attempt %s's keys\n", world.rank,
                    world.restart_count, fail_on);
     }
-  } catch (const tandem::Error& e) {
-    std::fprintf(stderr, "collectives_test: %s\n", e.what());
-    return 2;
-  }
-  int rc = RUN_ALL_TESTS();
-  g_pg.reset();
-  return rc;
+    return std::nullopt;
+  };
+  return tandem::test::distributed_test_main(argc, argv, {}, inject);
 }

@@ -18,17 +18,23 @@ std::shared_ptr<comm::ProcessGroup> g_pg;
 comm::ProcessGroup& pg() { return *g_pg; }
 std::shared_ptr<comm::ProcessGroup> shared_pg() { return g_pg; }
 
-int distributed_test_main(int argc, char** argv, const Scenarios& scenarios) {
+int distributed_test_main(int argc, char** argv, const Scenarios& scenarios, const Injections& injections) {
   ::testing::InitGoogleTest(&argc, argv);
   int rank = -1;
   try {
     const auto world = comm::World::from_env();
     rank = world.rank;
-    auto options = comm::ProcessGroupOptions().timeout(std::chrono::seconds(120));
+    if (injections.before_group) {
+      if (auto rc = injections.before_group(world)) return *rc;
+    }
+    auto options = comm::ProcessGroupOptions().timeout(std::chrono::seconds(120)).rendezvous_timeout(std::chrono::seconds(60));
     if (const char* ms = std::getenv("TANDEM_TEST_COLLECTIVE_TIMEOUT_MS")) {
       options.timeout(std::chrono::milliseconds(std::atol(ms)));
     }
     g_pg = comm::ProcessGroup::create(world, options);
+    if (injections.after_group) {
+      if (auto rc = injections.after_group(*g_pg)) return *rc;
+    }
     at::set_num_threads(1);  // ranks share two cores
     if (argc > 1 && std::strncmp(argv[1], "--scenario=", 11) == 0) {
       auto it = scenarios.find(argv[1] + 11);

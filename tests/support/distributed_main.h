@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "tandem/comm/process_group.h"
@@ -19,7 +20,14 @@ comm::ProcessGroup& pg();
 std::shared_ptr<comm::ProcessGroup> shared_pg();
 
 using Scenarios = std::map<std::string, std::function<int()>>;
+
+/// Failure injections for the launcher tests: a returned value ends the process with that code.
+struct Injections {
+  std::function<std::optional<int>(const comm::World&)> before_group;   // before the rendezvous
+  std::function<std::optional<int>(comm::ProcessGroup&)> after_group;  // once every rank joined
+};
+
 /// Call from main(): returns the exit code.
-int distributed_test_main(int argc, char** argv, const Scenarios& scenarios = {});
+int distributed_test_main(int argc, char** argv, const Scenarios& scenarios = {}, const Injections& injections = {});
 
 }  // namespace tandem::test
