@@ -1,5 +1,7 @@
 #include "tandem/comm/cuda_info.h"
 
+#include "tandem/error.h"
+
 #ifdef TANDEM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -10,6 +12,12 @@
 namespace tandem::comm {
 
 #ifdef TANDEM_HAVE_CUDA
+void bind_cuda_device(int local_rank) {
+  const int visible = cuda_device_count();
+  if (visible == 0) return;
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device_for_local_rank(local_rank, visible)));
+}
+
 int cuda_device_count() {
   try {
     return c10::cuda::device_count();
@@ -39,6 +47,14 @@ CudaInfo cuda_info() {
 #else
 int cuda_device_count() { return 0; }
 CudaInfo cuda_info() { return {}; }
+void bind_cuda_device(int) {}
 #endif
+
+int device_for_local_rank(int local_rank, int visible) {
+  TANDEM_CHECK(local_rank >= 0 && local_rank < visible, "LOCAL_RANK=", local_rank, " has no CUDA device: ", visible,
+               " visible (one device per rank on a node: start at most ", visible,
+               " workers per node, or check CUDA_VISIBLE_DEVICES)");
+  return local_rank;
+}
 
 }  // namespace tandem::comm

@@ -24,4 +24,11 @@ struct CudaInfo {
 int cuda_device_count();
 CudaInfo cuda_info();
 
+/// The CUDA device a rank should use: LOCAL_RANK among `visible` devices. Throws tandem::Error
+/// naming both numbers when there are fewer (pure: testable without a GPU).
+int device_for_local_rank(int local_rank, int visible);
+/// Makes cuda:device_for_local_rank(...) the current device of this thread (and of the CUDA
+/// context every later CUDA call uses); does nothing without GPUs. Call before any CUDA work.
+void bind_cuda_device(int local_rank);
+
 }  // namespace tandem::comm

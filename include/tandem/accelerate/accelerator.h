@@ -1,0 +1,282 @@
+#pragma once
+// Accelerator: one training loop for 1 CPU, 1 GPU, N GPUs and N nodes (docs/guide-accelerate.md),
+// in the spirit of Hugging Face accelerate.
+//
+// Example:
+//   tandem::Accelerator acc(tandem::AcceleratorOptions().gradient_accumulation_steps(2));
+//   auto model = acc.prepare_model(Net());
+//   torch::optim::SGD opt(model->parameters(), 0.1);
+//   acc.prepare_optimizer(opt);
+//   auto loader = acc.prepare_data(images, labels, /*batch_size=*/64);
+//   for (int epoch = 0; epoch < 3; ++epoch) {
+//     for (auto& batch : loader) {
+//       auto sync = acc.accumulate(model);
+//       auto loss = at::cross_entropy_loss(model->forward(batch.data), batch.target);
+//       acc.backward(loss);
+//       acc.clip_grad_norm(model->parameters(), 1.0);
+//       acc.step(opt);
+//       acc.zero_grad(opt);
+//     }
+//   }
+//   acc.save_state("checkpoints");
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "tandem/accelerate/data_loader.h"
+#include "tandem/accelerate/options.h"
+#include "tandem/accelerate/prepared_model.h"
+#include "tandem/amp/grad_scaler.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/comm/world.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace tandem {
+
+class Accelerator;
+
+/// The scope of one batch under gradient accumulation (Accelerator::accumulate).
+class AccumulateScope {
+ public:
+  ~AccumulateScope();
+  AccumulateScope(AccumulateScope&& other) noexcept;
+  AccumulateScope(const AccumulateScope&) = delete;
+  AccumulateScope& operator=(const AccumulateScope&) = delete;
+  AccumulateScope& operator=(AccumulateScope&&) = delete;
+
+ private:
+  friend class Accelerator;
+  explicit AccumulateScope(std::function<void(bool)> set_sync) : set_sync_(std::move(set_sync)) {}
+  std::function<void(bool)> set_sync_;
+};
+
+/// Non-main processes wait until the main process has run the scope's body (and the reverse).
+class MainProcessFirst {
+ public:
+  ~MainProcessFirst() noexcept(false);
+  MainProcessFirst(MainProcessFirst&& other) noexcept : accelerator_(std::exchange(other.accelerator_, nullptr)) {}
+  MainProcessFirst(const MainProcessFirst&) = delete;
+  MainProcessFirst& operator=(const MainProcessFirst&) = delete;
+
+ private:
+  friend class Accelerator;
+  explicit MainProcessFirst(Accelerator& accelerator);
+  Accelerator* accelerator_;
+};
+
+class Accelerator {
+ public:
+  /// Reads the launch environment (tandem::comm::World), binds this rank's GPU, picks the
+  /// strategy and creates the process group it needs, which the Accelerator owns.
+  explicit Accelerator(AcceleratorOptions options = {});
+  /// The same over a process group the program already has (its world is the job's).
+  explicit Accelerator(std::shared_ptr<comm::ProcessGroup> process_group, AcceleratorOptions options = {});
+  ~Accelerator();
+  Accelerator(const Accelerator&) = delete;
+  Accelerator& operator=(const Accelerator&) = delete;
+
+  // ---- where we are ------------------------------------------------------------------------
+  const comm::World& world() const { return world_; }
+  int process_index() const { return world_.rank; }
+  int num_processes() const { return world_.world_size; }
+  bool is_main_process() const { return world_.is_main(); }
+  bool is_local_main_process() const { return world_.is_local_main(); }
+  /// Where prepared models and batches live: cuda:LOCAL_RANK when a GPU is visible, else cpu.
+  const c10::Device& device() const { return device_; }
+  Strategy strategy() const { return strategy_; }
+  /// One line: the strategy chosen and why ("ddp: 2 processes launched by torchrun / tandem run").
+  const std::string& strategy_reason() const { return reason_; }
+  /// The process group (null for a single process without DDP). The Accelerator owns it.
+  const std::shared_ptr<comm::ProcessGroup>& process_group() const { return pg_; }
+  const AcceleratorOptions& options() const { return options_; }
+
+  // ---- prepare -----------------------------------------------------------------------------
+  /// Moves the module to device() and wraps it for the strategy; the returned holder keeps
+  /// the user's type (`model->module()`).
+  template <typename ModuleHolder>
+  PreparedModel<ModuleHolder> prepare_model(ModuleHolder module);
+  /// Registers an optimizer for clip_grad_norm's unscaling and for save_state/load_state.
+  void prepare_optimizer(torch::optim::Optimizer& optimizer);
+  /// A LibTorch dataset read in batches of `batch_size` per process, sharded and reshuffled per
+  /// epoch (Note [Loader position]); batches are moved to device() by the caller's forward.
+  template <typename Dataset>
+  accelerate::PreparedLoader<Dataset> prepare_data(Dataset dataset, int64_t batch_size, bool shuffle = true);
+  /// Plain tensors, indexed together along dim 0.
+  accelerate::PreparedLoader<accelerate::TensorPairDataset> prepare_data(at::Tensor data, at::Tensor targets,
+                                                                         int64_t batch_size, bool shuffle = true);
+
+  // ---- the loop ----------------------------------------------------------------------------
+  /// One batch under gradient accumulation: gradients are synchronised (and step() steps) on
+  /// every gradient_accumulation_steps-th batch and on the last batch of the data.
+  template <typename ModuleHolder>
+  [[nodiscard]] AccumulateScope accumulate(PreparedModel<ModuleHolder>& model) {
+    begin_accumulation_step();
+    PreparedModelImpl<ModuleHolder>* impl = model.get();
+    impl->set_require_backward_grad_sync(sync_gradients_);
+    return AccumulateScope([impl](bool enabled) { impl->set_require_backward_grad_sync(enabled); });
+  }
+  /// loss / gradient_accumulation_steps, scaled under fp16, then backward.
+  void backward(const at::Tensor& loss);
+  /// optimizer.step() when gradients were synchronised in this batch (skipped on every rank
+  /// when fp16 found inf/NaN on any rank). Returns whether the optimizer stepped.
+  bool step(torch::optim::Optimizer& optimizer);
+  /// optimizer.zero_grad() when gradients were synchronised in this batch.
+  void zero_grad(torch::optim::Optimizer& optimizer);
+  /// Clips the gradients' total norm to `max_norm` when gradients were synchronised (unscaling
+  /// them first under fp16, exactly once); returns the norm before clipping (the same on every
+  /// rank), or 0 between synchronisations, when it does nothing.
+  double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0);
+  /// Whether this batch synchronises gradients (and steps).
+  bool sync_gradients() const { return sync_gradients_; }
+  /// Whether the last step() skipped the optimizer (fp16 inf/NaN).
+  bool optimizer_step_was_skipped() const { return step_skipped_; }
+  /// Optimizer steps taken (skipped fp16 steps included), the step counter of checkpoints.
+  int64_t completed_steps() const { return completed_steps_; }
+  /// The user's module of a prepared model.
+  template <typename ModuleHolder>
+  ModuleHolder& unwrap(PreparedModel<ModuleHolder>& model) { return model->module(); }
+  /// The scaler under fp16 (null otherwise).
+  amp::GradScaler* scaler() { return scaler_.get(); }
+
+  // ---- utilities ---------------------------------------------------------------------------
+  /// printf on the main process only.
+  template <typename... Args>
+  void print(const char* format, Args... args) const {
+    if (!is_main_process()) return;
+    std::printf(format, args...);
+    std::fflush(stdout);
+  }
+  /// A barrier that fails after collective_timeout naming itself, instead of hanging.
+  void wait_for_everyone();
+  /// Every process's tensor, concatenated along dim 0 in rank order.
+  at::Tensor gather(const at::Tensor& tensor);
+  /// Sum (or another op) of every process's tensor.
+  at::Tensor reduce(const at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::Sum);
+  /// gather() of one batch's results from the loader being iterated, in the data's order, with
+  /// the samples the sampler repeated to even out the last round dropped: over an epoch without
+  /// shuffle, exactly the dataset, in order.
+  at::Tensor gather_for_metrics(const at::Tensor& tensor);
+  /// `{ auto first = acc.main_process_first(); ... }`: the main process runs the block before
+  /// the others (e.g. to unpack a dataset once).
+  [[nodiscard]] MainProcessFirst main_process_first() { return MainProcessFirst(*this); }
+  /// This process's contiguous share of `items` (the first processes get one more when they do
+  /// not divide evenly).
+  template <typename T>
+  std::vector<T> split_between_processes(const std::vector<T>& items) const {
+    const auto [begin, end] = share_of(static_cast<int64_t>(items.size()));
+    return std::vector<T>(items.begin() + begin, items.begin() + end);
+  }
+  /// Appends {"step": step, values...} as one JSON line to project_dir/metrics.jsonl (main
+  /// process only; nothing without project_dir).
+  void log(const std::map<std::string, double>& values, int64_t step);
+
+  // ---- checkpoints (docs/checkpoints.md) -----------------------------------------------------
+  /// Extra state saved with save_state: `save` returns bytes, `load` receives them.
+  void register_for_checkpointing(const std::string& name, std::function<std::string()> save,
+                                  std::function<void(const std::string&)> load);
+  /// Keep at most this many checkpoints under a save_state root (0: all).
+  void set_total_limit(int limit) { total_limit_ = limit; }
+  /// Writes `root/checkpoint_<step>` (crash-safe: temporary folder, fsync, rename) and returns
+  /// its path: the prepared models' weights (safetensors), the optimizers, the scaler, every
+  /// rank's RNG states, the loop position (step, epoch, batch within the epoch) and registered
+  /// objects. Every process calls it.
+  std::string save_state(const std::string& root);
+  /// Restores what save_state wrote from a checkpoint folder (or from the newest under a root).
+  void load_state(const std::string& path);
+
+ private:
+  friend class MainProcessFirst;
+  struct ModelEntry {
+    std::function<std::vector<std::pair<std::string, at::Tensor>>()> state;  // names -> tensors
+  };
+  struct LoaderEntry {
+    std::function<std::pair<int64_t, int64_t>()> position;
+    std::function<void(int64_t, int64_t)> resume;
+  };
+
+  void initialize();
+  void choose_strategy();
+  void begin_accumulation_step();
+  void on_batch(const accelerate::LoaderProgress& progress);
+  std::pair<int64_t, int64_t> share_of(int64_t n) const;
+  data::DistributedSamplerOptions sampler_options(bool shuffle) const;
+  template <typename Dataset>
+  void register_loader(accelerate::PreparedLoader<Dataset>& loader);
+
+  AcceleratorOptions options_;
+  comm::World world_;
+  c10::Device device_{c10::kCPU};
+  Strategy strategy_ = Strategy::Single;
+  std::string reason_;
+  std::shared_ptr<comm::ProcessGroup> pg_;
+  std::unique_ptr<amp::GradScaler> scaler_;
+  std::vector<torch::optim::Optimizer*> optimizers_;
+  std::vector<ModelEntry> models_;
+  std::vector<LoaderEntry> loaders_;
+  std::vector<std::tuple<std::string, std::function<std::string()>, std::function<void(const std::string&)>>> custom_;
+  int total_limit_ = 0;
+
+  // Gradient accumulation (accelerate's GradientState).
+  bool sync_gradients_ = true;
+  int64_t accumulation_step_ = 0;
+  bool end_of_data_ = false;
+  bool step_skipped_ = false;
+  int64_t completed_steps_ = 0;
+  std::optional<accelerate::LoaderProgress> last_batch_;
+};
+
+// ---- templates -------------------------------------------------------------------------------
+
+template <typename ModuleHolder>
+PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
+  using Impl = PreparedModelImpl<ModuleHolder>;
+  module->to(device_);
+  std::optional<typename Impl::Ddp> ddp;
+  std::optional<typename Impl::Dp> dp;
+  if (strategy_ == Strategy::Ddp) {
+    ddp.emplace(module, pg_, options_.ddp());
+  } else if (strategy_ == Strategy::DataParallel) {
+    dp.emplace(module, options_.dp());
+  }
+  std::optional<typename Impl::Autocast> autocast;
+  if (options_.mixed_precision() != Precision::No) {
+    autocast = typename Impl::Autocast{device_.type(),
+                                       options_.mixed_precision() == Precision::Fp16 ? at::kHalf : at::kBFloat16};
+  }
+  PreparedModel<ModuleHolder> prepared(std::make_shared<Impl>(module, std::move(ddp), std::move(dp), autocast));
+  models_.push_back(ModelEntry{[module]() {
+    std::vector<std::pair<std::string, at::Tensor>> state;
+    for (const auto& item : module->named_parameters(true)) state.emplace_back(item.key(), item.value());
+    for (const auto& item : module->named_buffers(true)) state.emplace_back(item.key(), item.value());
+    return state;
+  }});
+  return prepared;
+}
+
+template <typename Dataset>
+void Accelerator::register_loader(accelerate::PreparedLoader<Dataset>& loader) {
+  loaders_.push_back(LoaderEntry{[loader]() { return std::make_pair(loader.epoch(), loader.batches_done()); },
+                                 [loader](int64_t epoch, int64_t done) mutable { loader.resume(epoch, done); }});
+}
+
+template <typename Dataset>
+accelerate::PreparedLoader<Dataset> Accelerator::prepare_data(Dataset dataset, int64_t batch_size, bool shuffle) {
+  accelerate::PreparedLoader<Dataset> loader(std::move(dataset), batch_size, world_.world_size, world_.rank,
+                                             sampler_options(shuffle),
+                                             [this](const accelerate::LoaderProgress& p) { on_batch(p); });
+  register_loader(loader);
+  return loader;
+}
+
+}  // namespace tandem

@@ -1,0 +1,74 @@
+#pragma once
+// Options of tandem::Accelerator.
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include <torch/arg.h>
+
+#include "tandem/amp/grad_scaler.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/ddp/options.h"
+#include "tandem/dp/options.h"
+
+namespace tandem {
+
+enum class Strategy {
+  /// From what was launched: several processes -> Ddp; one process and several GPUs ->
+  /// DataParallel; else Single. The Accelerator says in one line what it picked and why.
+  Auto,
+  /// One process, one device (the GPU of LOCAL_RANK, else the CPU).
+  Single,
+  /// One process driving every visible GPU (or `dp().devices()`): tandem::dp::DataParallel.
+  DataParallel,
+  /// One process per device, gradients averaged during backward: tandem::ddp::DistributedDataParallel.
+  Ddp,
+};
+const char* to_string(Strategy strategy);
+
+enum class Precision {
+  /// float32 everywhere.
+  No,
+  /// Autocast to float16 and a GradScaler (loss scaling, skipped steps on inf/NaN).
+  Fp16,
+  /// Autocast to bfloat16; no scaler (bfloat16 has float32's range).
+  Bf16,
+};
+const char* to_string(Precision precision);
+
+/// Options of Accelerator.
+///
+/// Example:
+///   tandem::Accelerator acc(tandem::AcceleratorOptions()
+///                               .mixed_precision(tandem::Precision::Bf16)
+///                               .gradient_accumulation_steps(4)
+///                               .seed(42));
+struct AcceleratorOptions {
+  /// Which strategy wraps the model (Strategy::Auto decides from the launch).
+  TORCH_ARG(Strategy, strategy) = Strategy::Auto;
+  /// Autocast dtype and loss scaling.
+  TORCH_ARG(Precision, mixed_precision) = Precision::No;
+  /// Gradients are synchronised and the optimizer steps every this many batches (and on the
+  /// last batch of the data); backward() divides the loss by it.
+  TORCH_ARG(int, gradient_accumulation_steps) = 1;
+  /// Seeds LibTorch's generators with seed + rank at construction (rank 0's initial weights are
+  /// the ones every rank trains, as DDP broadcasts them), and the data shuffle with seed.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// How long any collective (and wait_for_everyone) may take before it fails naming itself.
+  TORCH_ARG(std::chrono::milliseconds, collective_timeout) = comm::kDefaultCollectiveTimeout;
+  /// Passed to DistributedDataParallel under Strategy::Ddp.
+  TORCH_ARG(ddp::DistributedDataParallelOptions, ddp) = {};
+  /// Passed to DataParallel under Strategy::DataParallel.
+  TORCH_ARG(dp::DataParallelOptions, dp) = {};
+  /// The GradScaler's options under Precision::Fp16.
+  TORCH_ARG(amp::GradScalerOptions, scaler) = {};
+  /// Every rank sees the same number of batches: the sampler pads the last round with the
+  /// first samples (gather_for_metrics drops them again). Off: the tail is dropped instead.
+  TORCH_ARG(bool, even_batches) = true;
+  /// Where log() appends its JSON lines (metrics.jsonl); empty: no metrics file.
+  TORCH_ARG(std::string, project_dir) = "";
+  /// Show a progress line on the main process while iterating a prepared loader.
+  TORCH_ARG(bool, progress) = true;
+};
+
+}  // namespace tandem

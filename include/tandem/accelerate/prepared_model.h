@@ -1,0 +1,83 @@
+#pragma once
+// PreparedModel: the user's module, wrapped for the strategy the Accelerator chose, with its type
+// kept: `model->forward(x)` calls the user's forward (through DDP or DataParallel, under autocast
+// when mixed precision is on), `model->module()` is the user's holder.
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "tandem/accelerate/options.h"
+#include "tandem/amp/autocast.h"
+#include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/dp/data_parallel.h"
+
+namespace tandem {
+
+template <typename ModuleHolder>
+class PreparedModelImpl : public torch::nn::Module {
+ public:
+  using Ddp = ddp::DistributedDataParallel<ModuleHolder>;
+  using Dp = dp::DataParallel<ModuleHolder>;
+
+  /// Autocast of forward: the device type and dtype, when mixed precision is on.
+  struct Autocast {
+    c10::DeviceType device_type = c10::DeviceType::CPU;
+    at::ScalarType dtype = at::kBFloat16;
+  };
+
+  PreparedModelImpl(ModuleHolder module, std::optional<Ddp> ddp, std::optional<Dp> dp, std::optional<Autocast> autocast)
+      : torch::nn::Module("PreparedModel"), module_(std::move(module)), autocast_(autocast) {
+    if (ddp) {
+      ddp_ = register_module("wrapper", *ddp);
+    } else if (dp) {
+      dp_ = register_module("wrapper", *dp);
+    } else {
+      register_module("module", module_);
+    }
+  }
+
+  /// The user's forward, through the strategy's wrapper.
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    std::optional<amp::AutocastScope> scope;
+    if (autocast_) scope.emplace(autocast_->device_type, autocast_->dtype);
+    if (ddp_) return (*ddp_)->forward(std::forward<Args>(args)...);
+    if (dp_) {
+      if constexpr (sizeof...(Args) == 1 && (std::is_convertible_v<Args, const at::Tensor&> && ...) &&
+                    std::is_same_v<decltype(module_->forward(std::forward<Args>(args)...)), at::Tensor>) {
+        return (*dp_)->forward(std::forward<Args>(args)...);
+      } else {
+        throw Error("Accelerator: the DataParallel strategy needs a module whose forward takes and returns one tensor");
+      }
+    }
+    return module_->forward(std::forward<Args>(args)...);
+  }
+
+  /// The user's module (PyTorch's accelerator.unwrap_model).
+  ModuleHolder& module() { return module_; }
+  /// Whether the next forwards take part in gradient synchronisation (DDP only).
+  void set_require_backward_grad_sync(bool enabled) {
+    if (ddp_) (*ddp_)->set_require_backward_grad_sync(enabled);
+  }
+  bool is_ddp() const { return ddp_.has_value(); }
+  bool is_data_parallel() const { return dp_.has_value(); }
+
+ private:
+  ModuleHolder module_;
+  std::optional<Ddp> ddp_;
+  std::optional<Dp> dp_;
+  std::optional<Autocast> autocast_;
+};
+
+/// A module holder over PreparedModelImpl: `model->forward(x)`, `model->parameters()`.
+template <typename ModuleHolder>
+class PreparedModel : public torch::nn::ModuleHolder<PreparedModelImpl<ModuleHolder>> {
+ public:
+  using torch::nn::ModuleHolder<PreparedModelImpl<ModuleHolder>>::ModuleHolder;
+};
+
+}  // namespace tandem

@@ -1,0 +1,299 @@
+// Accelerator oracles. The same binary runs as a world of one (strategies single, dp over two CPU
+// replicas, ddp at world 1) and as every rank of 2- and 4-rank jobs (ddp). Every test compares
+// against a reference trained in-process without the Accelerator.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+
+#include "support/compare.h"
+#include "support/distributed_main.h"
+#include "support/errors.h"
+#include "tandem/accelerate/accelerator.h"
+#include "tandem/data/distributed_sampler.h"
+
+using namespace tandem;
+
+namespace {
+
+constexpr int64_t kGlobalBatch = 24;  // divisible by 1, 2, 3, 4
+constexpr int64_t kSamples = 240;     // 10 steps per epoch
+
+struct NetImpl : torch::nn::Cloneable<NetImpl> {
+  NetImpl() { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc2(fc1(x).tanh()); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Net);
+
+struct Data {
+  at::Tensor x, y;
+};
+Data dataset(int64_t n = kSamples) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  return {at::randn({n, 8}, gen), at::randint(0, 3, {n}, gen)};
+}
+
+int W() { return test::pg().size(); }
+
+// The sampler's order for world 1, epoch by epoch: the global batches every strategy must see.
+std::vector<int64_t> global_order(uint64_t seed, int64_t epoch, int64_t n = kSamples) {
+  data::DistributedSampler sampler(n, 1, 0, data::DistributedSamplerOptions().seed(seed));
+  sampler.set_epoch(epoch);
+  return sampler.indices();
+}
+
+// Plain SGD on the global batches, `steps` steps of `accumulation` batches of kGlobalBatch.
+std::vector<at::Tensor> reference(int steps, uint64_t seed, int accumulation = 1) {
+  torch::manual_seed(seed);  // rank 0's seed: its initial weights are everyone's
+  Net net;
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  Data d = dataset();
+  int64_t epoch = 0, cursor = 0;
+  auto order = global_order(seed, 0);
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    for (int a = 0; a < accumulation; ++a) {
+      if (cursor == kSamples) {
+        order = global_order(seed, ++epoch);
+        cursor = 0;
+      }
+      at::Tensor idx = at::tensor(std::vector<int64_t>(order.begin() + cursor, order.begin() + cursor + kGlobalBatch));
+      cursor += kGlobalBatch;
+      (at::cross_entropy_loss(net->forward(d.x.index_select(0, idx)), d.y.index_select(0, idx)) / accumulation).backward();
+    }
+    opt.step();
+  }
+  std::vector<at::Tensor> params;
+  for (auto& p : net->parameters()) params.push_back(p.detach().clone());
+  return params;
+}
+
+AcceleratorOptions options_for(Strategy strategy) {
+  auto o = AcceleratorOptions().strategy(strategy).seed(5).progress(false);
+  if (strategy == Strategy::DataParallel) o.dp(dp::DataParallelOptions().devices({c10::kCPU, c10::kCPU}));
+  return o;
+}
+
+struct StrategyCase {
+  std::string name;
+  Strategy strategy;
+};
+void PrintTo(const StrategyCase& c, std::ostream* out) { *out << c.name; }
+class AcceleratorOracle : public ::testing::TestWithParam<StrategyCase> {};
+
+// The same loop, whatever was launched: parameters after 20 steps equal plain SGD on the global
+// batches (two epochs: the second reshuffled).
+TEST_P(AcceleratorOracle, TwentyStepsEqualPlainSgdOnTheGlobalBatches) {
+  const auto& c = GetParam();
+  if (c.strategy != Strategy::Ddp && W() > 1) GTEST_SKIP() << c.name << " runs in one process";
+  Accelerator acc(test::shared_pg(), options_for(c.strategy));
+  Net net;
+  auto model = acc.prepare_model(net);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  acc.prepare_optimizer(opt);
+  Data d = dataset();
+  const int64_t per_process = c.strategy == Strategy::Ddp ? kGlobalBatch / W() : kGlobalBatch;
+  auto loader = acc.prepare_data(d.x, d.y, per_process);
+  ASSERT_EQ(loader.batches_per_epoch(), 10);
+  int steps = 0;
+  while (steps < 20) {
+    for (auto& batch : loader) {
+      auto sync = acc.accumulate(model);
+      acc.backward(at::cross_entropy_loss(model->forward(batch.data), batch.target));
+      acc.step(opt);
+      acc.zero_grad(opt);
+      ++steps;
+    }
+  }
+  EXPECT_EQ(acc.completed_steps(), 20);
+  EXPECT_EQ(loader.epoch(), 2);
+  const double diff = test::max_relative_difference(acc.unwrap(model)->parameters(), reference(20, 5));
+  std::printf("accelerator %s on %d process(es), %s: max relative difference %.3g\n", c.name.c_str(), W(),
+              acc.strategy_reason().c_str(), diff);
+  EXPECT_LE(diff, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, AcceleratorOracle,
+                         ::testing::Values(StrategyCase{"single", Strategy::Single},
+                                           StrategyCase{"dp_2cpu", Strategy::DataParallel},
+                                           StrategyCase{"ddp", Strategy::Ddp}),
+                         [](const auto& info) { return info.param.name; });
+
+// accumulate(k) on batches of b equals one step on batches of k*b; the optimizer steps only on
+// every k-th batch (counted).
+TEST(AcceleratorAccumulation, KBatchesEqualOneKTimesLargerBatch) {
+  constexpr int k = 3;
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().seed(5).gradient_accumulation_steps(k).progress(false));
+  Net net;
+  auto model = acc.prepare_model(net);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  acc.prepare_optimizer(opt);
+  Data d = dataset();
+  // 240 samples, 8 per process-batch... per step the global batch is kGlobalBatch * k.
+  auto loader = acc.prepare_data(d.x, d.y, kGlobalBatch / W());
+  int batches = 0, stepped = 0;
+  for (auto& batch : loader) {
+    if (batches == 9) break;  // 3 optimizer steps
+    auto sync = acc.accumulate(model);
+    acc.backward(at::cross_entropy_loss(model->forward(batch.data), batch.target));
+    if (acc.step(opt)) ++stepped;
+    acc.zero_grad(opt);
+    ++batches;
+  }
+  EXPECT_EQ(stepped, 3);
+  EXPECT_EQ(acc.completed_steps(), 3);
+  const double diff = test::max_relative_difference(acc.unwrap(model)->parameters(), reference(3, 5, k));
+  std::printf("accumulate(%d) on %d process(es): max relative difference %.3g\n", k, W(), diff);
+  EXPECT_LE(diff, 1e-5);
+}
+
+// The last batch of the data always synchronises, whatever k (accelerate's rule).
+TEST(AcceleratorAccumulation, TheLastBatchOfTheDataSyncs) {
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().gradient_accumulation_steps(4).progress(false));
+  Net net;
+  auto model = acc.prepare_model(net);
+  Data d = dataset();
+  auto loader = acc.prepare_data(d.x, d.y, kGlobalBatch / W());  // 10 batches: syncs at 4, 8 and 10
+  std::vector<int> synced;
+  int b = 0;
+  for (auto& batch : loader) {
+    ++b;
+    auto sync = acc.accumulate(model);
+    acc.backward(at::cross_entropy_loss(model->forward(batch.data), batch.target));
+    if (acc.sync_gradients()) synced.push_back(b);
+  }
+  EXPECT_EQ(synced, (std::vector<int>{4, 8, 10}));
+}
+
+// gather_for_metrics over a dataset that does not divide evenly: exactly the dataset, in order.
+TEST(AcceleratorMetrics, GatherForMetricsReturnsTheDatasetInOrder) {
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().progress(false));
+  constexpr int64_t n = 37;
+  at::Tensor index = at::arange(n, at::kLong);
+  auto loader = acc.prepare_data(index.to(at::kFloat).unsqueeze(1), index, /*batch_size=*/4, /*shuffle=*/false);
+  std::vector<at::Tensor> seen;
+  for (auto& batch : loader) seen.push_back(acc.gather_for_metrics(batch.target));
+  at::Tensor all = at::cat(seen);
+  EXPECT_TRUE(at::equal(all, index)) << all;
+}
+
+TEST(AcceleratorUtilities, GatherReduceSplitAndMainProcessFirst) {
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().progress(false));
+  const int r = acc.process_index();
+  at::Tensor mine = at::full({2}, r, at::kLong);
+  at::Tensor all = acc.gather(mine);
+  ASSERT_EQ(all.size(0), 2 * W());
+  for (int k = 0; k < W(); ++k) EXPECT_EQ(all[2 * k].item<int64_t>(), k);
+  EXPECT_EQ(acc.reduce(at::ones({1})).item<float>(), static_cast<float>(W()));
+  // 10 items over W processes: contiguous shares, the first ones one longer.
+  std::vector<int> items(10);
+  for (int i = 0; i < 10; ++i) items[static_cast<size_t>(i)] = i;
+  auto share = acc.split_between_processes(items);
+  auto sizes = acc.gather(at::tensor({static_cast<int64_t>(share.size()), share.empty() ? -1 : static_cast<int64_t>(share[0])}));
+  int64_t expected_start = 0;
+  for (int k = 0; k < W(); ++k) {
+    EXPECT_EQ(sizes[2 * k + 1].item<int64_t>(), expected_start);
+    expected_start += sizes[2 * k].item<int64_t>();
+  }
+  EXPECT_EQ(expected_start, 10);
+  // main_process_first: the main process writes a file before any other reads it.
+  const std::string path = "/tmp/tandem-mpf-" + std::to_string(getppid());
+  {
+    auto first = acc.main_process_first();
+    if (acc.is_main_process()) std::ofstream(path) << "ready";
+    std::ifstream in(path);
+    std::string word;
+    in >> word;
+    EXPECT_EQ(word, "ready");
+  }
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::remove(path.c_str());
+}
+
+TEST(AcceleratorErrors, BadOptionsAreNamed) {
+  EXPECT_ERROR(Accelerator(test::shared_pg(), AcceleratorOptions().gradient_accumulation_steps(0)),
+               "Accelerator: gradient_accumulation_steps must be >= 1 (got 0)");
+  if (W() > 1) {
+    EXPECT_ERROR(Accelerator(test::shared_pg(), AcceleratorOptions().strategy(Strategy::Single)),
+                 "Accelerator: strategy single runs in one process, but " + std::to_string(W()) +
+                     " processes launched by torchrun / tandem run: use Strategy::Ddp (or Auto), or start one process");
+  }
+}
+
+// ---- exact resume (run by tests/accelerate/resume_test.sh in separate processes) --------------
+
+// phase 0: 2k steps straight; 1: k steps then save_state; 2: load_state then k more steps.
+// Writes the parameters and the sample indices it consumed to OUT (one file per rank).
+int resume_scenario(int phase, int k, const std::string& dir, const std::string& out) {
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().seed(3).gradient_accumulation_steps(2).progress(false));
+  Net net;
+  auto model = acc.prepare_model(net);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  acc.prepare_optimizer(opt);
+  Data d = dataset(100);  // 100 samples: epochs of 13 batches of 4 at 2 ranks (the last one padded)
+  auto indices = at::arange(100, at::kLong);
+  auto loader = acc.prepare_data(d.x, at::stack({d.y, indices}, 1), /*batch_size=*/4);
+  // Randomness drawn every batch (as dropout would): the RNG state must be restored too.
+  if (phase == 2) acc.load_state(dir);
+  std::vector<int64_t> consumed;
+  const int batches = phase == 0 ? 2 * k : k;
+  int done = 0;
+  while (done < batches) {
+    for (auto& batch : loader) {
+      auto sync = acc.accumulate(model);
+      (void)at::rand({1});
+      at::Tensor target = batch.target.select(1, 0);
+      auto cols = batch.target.select(1, 1);
+      consumed.insert(consumed.end(), cols.data_ptr<int64_t>(), cols.data_ptr<int64_t>() + cols.numel());
+      acc.backward(at::cross_entropy_loss(model->forward(batch.data), target));
+      acc.step(opt);
+      acc.zero_grad(opt);
+      if (++done == batches) break;
+    }
+  }
+  if (phase == 1) acc.save_state(dir);
+  std::ofstream file(out + ".rank" + std::to_string(acc.process_index()));
+  for (auto& p : acc.unwrap(model)->parameters()) {
+    at::Tensor flat = p.detach().reshape({-1});
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      float v = flat[i].item<float>();
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      file << bits << " ";
+    }
+  }
+  file << "\nrng " << at::rand({1}).item<float>() << "\nsamples";  // the generator's state, at the end
+  for (auto c : consumed) file << " " << c;
+  file << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  test::Scenarios scenarios;
+  for (int phase : {0, 1, 2}) {
+    scenarios["resume-phase-" + std::to_string(phase)] = [phase] {
+      const char* k = std::getenv("RESUME_K");
+      const char* dir = std::getenv("RESUME_DIR");
+      const char* out = std::getenv("RESUME_OUT");
+      TANDEM_CHECK(k && dir && out, "set RESUME_K, RESUME_DIR and RESUME_OUT");
+      return resume_scenario(phase, std::atoi(k), dir, out);
+    };
+  }
+  return test::distributed_test_main(argc, argv, scenarios);
+}
