@@ -4,7 +4,8 @@
 // Modes: ddp (synced steps), plain (no DDP at all: the baseline loop), no_sync (DDP with every
 // step inside no_sync: compute without communication), allreduce (the raw backend all-reduce of
 // the model's gradient bytes, flat and in DDP's bucket layout), dp_replicate / dp_persistent
-// (DataParallel over --replicas CPU replicas in one process; --batch is then the whole batch).
+// (DataParallel over --replicas CPU replicas in one process; --batch is then the whole batch),
+// accelerate (the ddp loop written with tandem::Accelerator).
 // --threads sets the process's intra-op threads (default 1).
 // Rank 0 writes one JSON object (to --out, or stdout): step times, samples/s, peak RSS.
 #include <sys/resource.h>
@@ -19,6 +20,7 @@
 #include <CLI/CLI.hpp>
 #include <torch/optim/sgd.h>
 
+#include "tandem/accelerate/accelerator.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/data_parallel.h"
@@ -118,6 +120,24 @@ std::vector<double> train(const Options& o, comm::ProcessGroup& pg, int64_t& gra
       phases.time(phases.optimizer, [&] { opt.step(); });
     });
   }
+  if (o.mode == "accelerate") {  // the same DDP loop through tandem::Accelerator
+    Accelerator acc(std::shared_ptr<comm::ProcessGroup>(&pg, [](auto*) {}),
+                    AcceleratorOptions().strategy(Strategy::Ddp).progress(false).ddp(
+                        ddp::DistributedDataParallelOptions().gradient_as_bucket_view(o.bucket_view)));
+    auto model = acc.prepare_model(net);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    acc.prepare_optimizer(opt);
+    return time_steps(o, [&] {
+      at::Tensor loss;
+      auto sync = acc.accumulate(model);
+      phases.time(phases.forward, [&] { loss = at::cross_entropy_loss(model->forward(x), y); });
+      phases.time(phases.backward, [&] { acc.backward(loss); });
+      phases.time(phases.optimizer, [&] {
+        acc.step(opt);
+        acc.zero_grad(opt);
+      });
+    });
+  }
   ddp::DistributedDataParallel model(net, std::shared_ptr<comm::ProcessGroup>(&pg, [](auto*) {}),
                                      ddp::DistributedDataParallelOptions().gradient_as_bucket_view(o.bucket_view));
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -158,7 +178,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Tandem DDP benchmark (one measurement)"};
   app.add_option("--model", o.model)->check(CLI::IsMember({"mlp", "cnn", "transformer"}));
   app.add_option("--mode", o.mode)
-      ->check(CLI::IsMember({"ddp", "plain", "no_sync", "allreduce", "dp_replicate", "dp_persistent"}));
+      ->check(CLI::IsMember({"ddp", "plain", "no_sync", "allreduce", "dp_replicate", "dp_persistent", "accelerate"}));
   app.add_option("--threads", o.threads)->check(CLI::PositiveNumber);
   app.add_option("--replicas", o.replicas)->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batch)->check(CLI::PositiveNumber);

@@ -68,10 +68,44 @@ def percentile(values, p):
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
+def run_accelerate(a, rank, world):
+    """Hugging Face accelerate's loop on the same model, batch and optimizer (its DDP on Gloo)."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    net = {"mlp": Mlp, "cnn": Cnn, "transformer": Transformer}[a.model]()
+    x, y = batch_for(a.model, a.batch, 100 + rank)
+    model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+    times = []
+    for i in range(a.warmup + a.steps):
+        start = time.perf_counter()
+        with acc.accumulate(model):
+            acc.backward(F.cross_entropy(model(x), y))
+            opt.step()
+            opt.zero_grad()
+        if i >= a.warmup:
+            times.append(time.perf_counter() - start)
+    p50 = percentile(times, 0.5)
+    p50s = acc.gather(torch.tensor([p50], dtype=torch.float64)).tolist()
+    if acc.is_main_process:
+        record = dict(impl="accelerate", model=a.model, mode="accelerate", world=world, batch=a.batch,
+                      steps=a.steps, p50_s=p50, p95_s=percentile(times, 0.95),
+                      samples_per_s_per_rank=a.batch / p50, threads=a.threads, rank_p50_s=p50s)
+        line = json.dumps(record)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(line + "\n")
+        else:
+            print(line)
+    acc.wait_for_everyone()
+    acc.end_training()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["mlp", "cnn", "transformer"], default="mlp")
-    ap.add_argument("--mode", choices=["ddp", "plain", "no_sync", "dp"], default="ddp")
+    ap.add_argument("--mode", choices=["ddp", "plain", "no_sync", "dp", "accelerate"], default="ddp")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=30)
@@ -82,6 +116,8 @@ def main():
 
     torch.set_num_threads(a.threads)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if a.mode == "accelerate":
+        return run_accelerate(a, rank, world)
     if world > 1 or "MASTER_ADDR" in os.environ:
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)

@@ -41,6 +41,11 @@ constexpr Dtype kDtypes[] = {
 };
 constexpr const char* kDtypeList = "F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL";
 constexpr const char* kMetadataKey = "__metadata__";
+// A valid header nests 3 levels (the header, a tensor, its shape) and its longest arrays are
+// shapes: these bounds only decide which message a malformed header gets, and keep a small
+// malformed file from costing much memory.
+constexpr size_t kMaxNesting = 8;
+constexpr size_t kMaxDimensions = kSafetensorsMaxDimensions;
 
 const Dtype* dtype_named(const std::string& name) {
   for (const auto& d : kDtypes) {
@@ -136,44 +141,62 @@ struct Parsed {
   uint64_t end;
 };
 
-/// Parses the header, recording the first key that appears twice in one object (the JSON
-/// grammar allows it, and a DOM keeps only one of the two).
+/// Parses the header. Beyond JSON's grammar it refuses, as soon as the parser meets them, what no
+/// safetensors header holds and what could make a small file cost much memory: a key twice in
+/// one object (JSON allows it, and a DOM would silently keep one), nesting deeper than
+/// kMaxNesting, an array longer than kMaxDimensions.
 json parse_header(const std::string& header, const std::string& where) {
-  struct Frame {
-    std::set<std::string> keys;
-    std::string parent_key;
+  struct Container {
+    bool array = false;
+    size_t entries = 0;
+    std::set<std::string> keys;  // an object's keys so far
+    std::string key;             // an object's latest key
   };
-  std::vector<Frame> frames;
-  std::vector<std::string> last_key;  // the latest key seen at each depth
-  std::string duplicate;
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (!duplicate.empty()) return true;
+  std::vector<Container> stack;
+  auto count_entry = [&] {
+    if (stack.empty() || !stack.back().array || ++stack.back().entries <= kMaxDimensions) return;
+    if (stack.size() == 3 && stack[1].key == "shape") {
+      throw Error(message(where, ": tensor ", quoted(stack[0].key), ": shape has more than ", kMaxDimensions,
+                          " dimensions, more than Tandem reads"));
+    }
+    throw Error(message(where, ": the header has an array of more than ", kMaxDimensions,
+                        " entries, which no safetensors header has"));
+  };
+  auto callback = [&](int, json::parse_event_t event, json& parsed) {
     switch (event) {
       case json::parse_event_t::object_start:
-        frames.push_back({{}, depth >= 1 && static_cast<size_t>(depth) <= last_key.size() ? last_key[depth - 1] : ""});
+      case json::parse_event_t::array_start:
+        count_entry();
+        TANDEM_CHECK(stack.size() < kMaxNesting, where, ": the header nests more than ", kMaxNesting,
+                     " levels deep, which no safetensors header does");
+        stack.push_back({});
+        stack.back().array = event == json::parse_event_t::array_start;
         break;
       case json::parse_event_t::object_end:
-        if (!frames.empty()) frames.pop_back();
+      case json::parse_event_t::array_end:
+        if (!stack.empty()) stack.pop_back();
+        break;
+      case json::parse_event_t::value:
+        count_entry();
         break;
       case json::parse_event_t::key: {
+        if (stack.empty()) break;
         const auto& key = parsed.get_ref<const std::string&>();
-        if (last_key.size() < static_cast<size_t>(depth)) last_key.resize(depth);
-        if (depth >= 1) last_key[depth - 1] = key;
-        if (frames.empty() || frames.back().keys.insert(key).second) break;
-        if (frames.size() == 1) {
-          duplicate = key == kMetadataKey ? message("\"__metadata__\" appears twice in the header")
-                                          : message("tensor ", quoted(key), " appears twice in the header");
-        } else if (frames.size() == 2 && frames.back().parent_key == kMetadataKey) {
-          duplicate = message("__metadata__ key ", quoted(key), " appears twice");
-        } else if (frames.size() == 2) {
-          duplicate = message("tensor ", quoted(frames.back().parent_key), " has the field ", quoted(key), " twice");
-        } else {
-          duplicate = message("the key ", quoted(key), " appears twice in one object of the header");
+        Container& object = stack.back();
+        object.key = key;
+        if (object.keys.insert(key).second) break;
+        if (stack.size() == 1) {
+          throw Error(key == kMetadataKey ? message(where, ": \"__metadata__\" appears twice in the header")
+                                          : message(where, ": tensor ", quoted(key), " appears twice in the header"));
         }
-        break;
+        if (stack.size() == 2 && stack[0].key == kMetadataKey) {
+          throw Error(message(where, ": __metadata__ key ", quoted(key), " appears twice"));
+        }
+        if (stack.size() == 2) {
+          throw Error(message(where, ": tensor ", quoted(stack[0].key), " has the field ", quoted(key), " twice"));
+        }
+        throw Error(message(where, ": the key ", quoted(key), " appears twice in one object of the header"));
       }
-      default:
-        break;
     }
     return true;
   };
@@ -190,7 +213,6 @@ json parse_header(const std::string& header, const std::string& where) {
   } catch (const json::exception& e) {
     throw Error(message(where, ": the header is not valid JSON"));
   }
-  TANDEM_CHECK(duplicate.empty(), where, ": ", duplicate);
   return root;
 }
 
@@ -320,6 +342,8 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     TANDEM_CHECK(tensor.layout() == at::kStrided, label, " has layout ", tensor.layout(),
                  ": safetensors holds dense tensors (call to_dense())");
     TANDEM_CHECK(!tensor.is_meta(), label, " is on the meta device and has no data");
+    TANDEM_CHECK(static_cast<size_t>(tensor.dim()) <= kMaxDimensions, label, " has ", tensor.dim(),
+                 " dimensions; safetensors files here hold at most ", kMaxDimensions);
     const Dtype* dtype = dtype_of(tensor.scalar_type());
     TANDEM_CHECK(dtype, label, " has dtype ", tensor.scalar_type(), "; safetensors files hold ", kDtypeList);
     entries.push_back({name, dtype, tensor, static_cast<uint64_t>(tensor.numel()) * dtype->size});

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <torch/nn/cloneable.h>
@@ -48,6 +49,7 @@ Data dataset(int64_t n = kSamples) {
 }
 
 int W() { return test::pg().size(); }
+bool acc_main() { return test::pg().rank() == 0; }
 
 // The sampler's order for world 1, epoch by epoch: the global batches every strategy must see.
 std::vector<int64_t> global_order(uint64_t seed, int64_t epoch, int64_t n = kSamples) {
@@ -232,6 +234,92 @@ TEST(AcceleratorErrors, BadOptionsAreNamed) {
                  "Accelerator: strategy single runs in one process, but " + std::to_string(W()) +
                      " processes launched by torchrun / tandem run: use Strategy::Ddp (or Auto), or start one process");
   }
+}
+
+// fp16: an inf in one rank's gradients makes every rank skip that step and back the scale off.
+TEST(AcceleratorMixedPrecision, AnInfOnOneRankSkipsTheStepEverywhere) {
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().mixed_precision(Precision::Fp16).progress(false)
+                                         .scaler(amp::GradScalerOptions().init_scale(1024).growth_interval(100)));
+  Net net;
+  auto model = acc.prepare_model(net);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  acc.prepare_optimizer(opt);
+  Data d = dataset();
+  auto loader = acc.prepare_data(d.x, d.y, kGlobalBatch / W());
+  std::vector<double> scales;
+  std::vector<bool> skipped;
+  int b = 0;
+  for (auto& batch : loader) {
+    if (b == 4) break;
+    auto sync = acc.accumulate(model);
+    at::Tensor loss = at::cross_entropy_loss(model->forward(batch.data), batch.target);
+    if (b == 2 && acc.process_index() == W() - 1) loss = loss * std::numeric_limits<float>::infinity();
+    acc.backward(loss);
+    const double weight_before = net->fc1->weight[0][0].item<double>();
+    acc.step(opt);
+    skipped.push_back(acc.optimizer_step_was_skipped());
+    if (acc.optimizer_step_was_skipped()) {
+      EXPECT_EQ(net->fc1->weight[0][0].item<double>(), weight_before);
+    }
+    scales.push_back(acc.scaler()->get_scale());
+    acc.zero_grad(opt);
+    ++b;
+  }
+  EXPECT_EQ(skipped, (std::vector<bool>{false, false, true, false}));
+  EXPECT_EQ(scales, (std::vector<double>{1024, 1024, 512, 512}));
+}
+
+TEST(AcceleratorCheckpoints, ASaveBetweenSynchronisationsIsRefused) {
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().gradient_accumulation_steps(2).progress(false));
+  Net net;
+  auto model = acc.prepare_model(net);
+  Data d = dataset();
+  auto loader = acc.prepare_data(d.x, d.y, kGlobalBatch / W());
+  auto it = loader.begin();
+  auto sync = acc.accumulate(model);
+  acc.backward(at::cross_entropy_loss(model->forward(it->data), it->target));
+  EXPECT_ERROR(acc.save_state("/tmp/never-written"),
+               "save_state: called in the middle of gradient accumulation (batch 1 of 2): the accumulated gradients "
+               "are not saved; call it after a batch where sync_gradients() is true");
+}
+
+// A damaged checkpoint is refused with a one-line error; the previous one still loads.
+TEST(AcceleratorCheckpoints, ADamagedCheckpointIsRefusedAndThePreviousOneStillLoads) {
+  const std::string root = "/tmp/tandem-acc-ckpt-" + std::to_string(getppid());
+  if (acc_main()) (void)!std::system(("rm -rf " + root).c_str());
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().progress(false));
+  Net net;
+  auto model = acc.prepare_model(net);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  acc.prepare_optimizer(opt);
+  Data d = dataset();
+  auto loader = acc.prepare_data(d.x, d.y, kGlobalBatch / W());
+  std::vector<std::string> saved;
+  int b = 0;
+  for (auto& batch : loader) {
+    auto sync = acc.accumulate(model);
+    acc.backward(at::cross_entropy_loss(model->forward(batch.data), batch.target));
+    acc.step(opt);
+    acc.zero_grad(opt);
+    if (++b == 2 || b == 4) saved.push_back(acc.save_state(root));
+    if (b == 4) break;
+  }
+  acc.wait_for_everyone();
+  if (acc.process_index() == 0) {  // flip one byte of the newest checkpoint's weights
+    std::fstream f(saved[1] + "/model_0.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    const char byte = static_cast<char>(f.get());
+    f.seekp(-3, std::ios::end);
+    f.put(static_cast<char>(byte ^ 0x5a));
+  }
+  acc.wait_for_everyone();
+  EXPECT_THAT(test::error_of([&] { acc.load_state(root); }),
+              ::testing::AllOf(::testing::HasSubstr("model_0.safetensors has CRC-32"),
+                               ::testing::HasSubstr("the file is damaged")));
+  acc.load_state(saved[0]);
+  EXPECT_EQ(acc.completed_steps(), 2);
+  acc.wait_for_everyone();
+  if (acc.process_index() == 0) (void)!std::system(("rm -rf " + root).c_str());
 }
 
 // ---- exact resume (run by tests/accelerate/resume_test.sh in separate processes) --------------

@@ -353,6 +353,21 @@ TEST_F(SafetensorsMalformed, TensorEntries) {
     EXPECT_EQ(error_for(std::string(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":)") + offsets + "}}", "\x01"),
               expected("tensor \"a\": data_offsets is not a pair [begin, end] of non-negative integers"));
   }
+  // Deep nesting and long arrays end the parse at once: no stack or memory blow-up.
+  const int depth = 1000000;
+  EXPECT_EQ(error_for(R"({"a":{"dtype":"U8","shape":)" + std::string(depth, '[') + std::string(depth, ']') +
+                      R"(,"data_offsets":[0,0]}})", ""),
+            expected("the header nests more than 8 levels deep, which no safetensors header does"));
+  std::string objects;
+  for (int i = 0; i < depth; ++i) objects += "{\"k\":";
+  objects += "1" + std::string(depth, '}');
+  EXPECT_EQ(error_for(R"({"__metadata__":{"k":)" + objects + "}}", ""),
+            expected("the header nests more than 8 levels deep, which no safetensors header does"));
+  EXPECT_EQ(error_for(R"({"__metadata__":{"k":{"k":1}}})", ""), expected("__metadata__ \"k\" is an object, not a string"));
+  std::string zeros = "0";
+  for (int i = 0; i < depth; ++i) zeros += ",0";
+  EXPECT_EQ(error_for(R"({"a":{"dtype":"U8","data_offsets":[)" + zeros + "]}}", ""),
+            expected("the header has an array of more than 64 entries, which no safetensors header has"));
   // A name with a newline is quoted with JSON escapes: the message stays one line.
   EXPECT_EQ(error_for(R"({"a\nb":5})", ""), expected("tensor \"a\\nb\" is a number, not an object with dtype, shape and data_offsets"));
 }
@@ -376,6 +391,20 @@ TEST_F(SafetensorsMalformed, ShapesAndOffsets) {
             expected("tensor \"a\": shape [0, 9223372036854775808] is too large for a LibTorch tensor (its strides overflow int64)"));
   EXPECT_EQ(error_for(R"({"a":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1,1,1,1,1],"data_offsets":[0,2]}})", "ab"),
             expected("tensor \"a\": shape [1, 1, 1, 1, 1, 1, 1, 1, ... (13 dimensions)] of U8 needs 1 bytes but data_offsets [0, 2] span 2"));
+}
+
+TEST_F(SafetensorsMalformed, AtMost64Dimensions) {
+  std::string ones = "1";
+  for (int i = 1; i < 64; ++i) ones += ",1";
+  write_bytes(path_, file_of(R"({"a":{"dtype":"U8","shape":[)" + ones + R"(],"data_offsets":[0,1]}})", "\x05"));
+  auto file = load_safetensors(path_);
+  EXPECT_EQ(file.tensors.at(0).second.dim(), 64);
+  EXPECT_EQ(error_for(R"({"a":{"dtype":"U8","shape":[)" + ones + R"(,1],"data_offsets":[0,1]}})", "\x05"),
+            expected("tensor \"a\": shape has more than 64 dimensions, more than Tandem reads"));
+  EXPECT_ERROR(save_safetensors(path_, {{"b", at::zeros(std::vector<int64_t>(65, 1))}}),
+               "save_safetensors " + path_ + ": tensor \"b\" has 65 dimensions; safetensors files here hold at most 64");
+  save_safetensors(path_, {{"b", at::zeros(std::vector<int64_t>(64, 1))}});
+  EXPECT_EQ(load_safetensors(path_).tensors.at(0).second.dim(), 64);
 }
 
 TEST_F(SafetensorsMalformed, LayoutOfTheData) {
@@ -694,4 +723,36 @@ TEST_F(CheckpointDir, KeepNewestAppliesTheTotalLimit) {
   EXPECT_EQ(list_checkpoints(root_), std::vector<std::string>{root_ + "/checkpoint_000050"});
   EXPECT_ERROR(keep_newest(root_, 0), "keep_newest " + root_ + ": keeping 0 checkpoints would delete every one: keep at least 1");
   EXPECT_EQ(list_checkpoints(root_).size(), 1u);
+}
+
+TEST(SafetensorsFuzzTemp, Many) {
+  TempDir dir;
+  const std::string path = dir / "f.safetensors";
+  save_safetensors(path, {{"w", at::arange(6, at::kFloat).reshape({2, 3})}, {"m", at::ones({4}, at::kBool)},
+                          {"n", at::arange(3, at::kLong)}, {"e", at::zeros({0}, at::kHalf)}}, {{"k", "v"}});
+  const std::string good = read_bytes(path);
+  const uint64_t n = good[0] & 0xff;
+  std::mt19937 rng(12345);
+  const char* tokens[] = {"[", "]", "{", "}", "\"", ",", ":", "0", "9", "-", "1e9", "18446744073709551615",
+                          "4294967296", "\"F64\"", "\"BOOL\"", "\"__metadata__\"", "null", "true", " ", "\\u0000", "\\"};
+  int loaded = 0, refused = 0;
+  for (int i = 0; i < 200000; ++i) {
+    std::string header = good.substr(8, n), data = good.substr(8 + n);
+    int edits = 1 + rng() % 4;
+    for (int k = 0; k < edits; ++k) {
+      size_t at = rng() % (header.size() + 1);
+      switch (rng() % 4) {
+        case 0: if (!header.empty()) header[at % header.size()] = static_cast<char>(rng() % 256); break;
+        case 1: header.insert(at, tokens[rng() % (sizeof tokens / sizeof *tokens)]); break;
+        case 2: if (at < header.size()) header.erase(at, 1 + rng() % 5); break;
+        case 3: data.resize(rng() % 80, static_cast<char>(rng() % 3)); break;
+      }
+    }
+    std::string bytes = (rng() % 8 == 0) ? le64(rng()) + header + data : le64(header.size()) + header + data;
+    write_bytes(path, bytes);
+    try { load_safetensors(path); ++loaded; }
+    catch (const tandem::Error& e) { ++refused; ASSERT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what(); }
+    catch (const std::exception& e) { FAIL() << "not a tandem::Error: " << e.what(); }
+  }
+  std::printf("loaded %d refused %d\n", loaded, refused);
 }

@@ -34,6 +34,7 @@
 #include "tandem/accelerate/data_loader.h"
 #include "tandem/accelerate/options.h"
 #include "tandem/accelerate/prepared_model.h"
+#include "tandem/accelerate/progress.h"
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/world.h"
@@ -176,6 +177,11 @@ class Accelerator {
   std::vector<T> split_between_processes(const std::vector<T>& items) const {
     const auto [begin, end] = share_of(static_cast<int64_t>(items.size()));
     return std::vector<T>(items.begin() + begin, items.begin() + end);
+  }
+  /// A progress line for `total_steps` steps, drawn by the main process only (when the
+  /// `progress` option is on).
+  accelerate::ProgressBar progress_bar(int64_t total_steps, const std::string& label) const {
+    return accelerate::ProgressBar(total_steps, label, is_main_process() && options_.progress());
   }
   /// Appends {"step": step, values...} as one JSON line to project_dir/metrics.jsonl (main
   /// process only; nothing without project_dir).

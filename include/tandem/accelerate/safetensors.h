@@ -15,6 +15,8 @@
 //       {{"fc.weight", fc->weight}, {"fc.bias", fc->bias}}, {{"format", "pt"}});
 //   auto file = tandem::accelerate::load_safetensors("model.safetensors");
 //   for (auto& [name, tensor] : file.tensors) { ... }
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -26,6 +28,9 @@ namespace tandem::accelerate {
 
 /// The largest header the reader accepts, as the `safetensors` package (100 MB).
 constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
+/// The most dimensions a tensor may have, written or read (LibTorch programs use far fewer; the
+/// bound keeps a malformed header from costing much memory).
+constexpr size_t kSafetensorsMaxDimensions = 64;
 
 /// What a safetensors file holds.
 struct SafetensorsFile {

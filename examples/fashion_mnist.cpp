@@ -1,0 +1,125 @@
+// Fashion-MNIST with the Accelerator, top to bottom: the same program trains on one CPU, on
+// several processes (`tandem run`, torchrun, mpirun), on one GPU or several.
+//
+//   tandem run --nproc-per-node 2 -- ./fashion_mnist [--epochs 8] [--strategy auto|single|dp|ddp]
+//       [--mixed-precision no|bf16|fp16] [--batch-size 64] [--checkpoints DIR] [--resume-from DIR]
+//
+// It prints the test accuracy and the throughput at the end, and leaves a checkpoint.
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+
+#include "tandem/accelerate/accelerator.h"
+#include "tandem/data/fashion_mnist.h"
+
+namespace {
+
+// Two convolutions and two linear layers: about 0.2 M parameters.
+struct CnnImpl : torch::nn::Module {
+  CnnImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
+        fc1(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = at::max_pool2d(conv1(x).relu(), 2);  // 16 x 14 x 14
+    h = at::max_pool2d(conv2(h).relu(), 2);             // 32 x 7 x 7
+    return fc2(fc1(h.flatten(1)).relu());
+  }
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Cnn);
+
+std::map<std::string, tandem::Strategy> kStrategies = {{"auto", tandem::Strategy::Auto},
+                                                       {"single", tandem::Strategy::Single},
+                                                       {"dp", tandem::Strategy::DataParallel},
+                                                       {"ddp", tandem::Strategy::Ddp}};
+std::map<std::string, tandem::Precision> kPrecisions = {
+    {"no", tandem::Precision::No}, {"bf16", tandem::Precision::Bf16}, {"fp16", tandem::Precision::Fp16}};
+
+int train(int argc, char** argv) {
+  CLI::App app{"Fashion-MNIST with tandem::Accelerator"};
+  int epochs = 8;
+  int64_t batch_size = 64;
+  std::string strategy = "auto", precision = "no", checkpoints = "checkpoints", resume_from, data_root;
+  app.add_option("--epochs", epochs, "Passes over the training set")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch-size", batch_size, "Samples per process per step")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--strategy", strategy)->check(CLI::IsMember({"auto", "single", "dp", "ddp"}))->capture_default_str();
+  app.add_option("--mixed-precision", precision)->check(CLI::IsMember({"no", "bf16", "fp16"}))->capture_default_str();
+  app.add_option("--checkpoints", checkpoints, "Where the final checkpoint goes")->capture_default_str();
+  app.add_option("--resume-from", resume_from, "A checkpoint folder (or a folder of them) to continue from");
+  app.add_option("--data", data_root, "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
+  CLI11_PARSE(app, argc, argv);
+
+  tandem::Accelerator acc(tandem::AcceleratorOptions()
+                              .strategy(kStrategies.at(strategy))
+                              .mixed_precision(kPrecisions.at(precision))
+                              .seed(42));
+  auto options = tandem::data::FashionMnistOptions();
+  if (!data_root.empty()) options.root(data_root);
+  tandem::data::FashionMnist train_set(options), test_set(options.split(tandem::data::Split::Test));
+
+  auto model = acc.prepare_model(Cnn());
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
+  acc.prepare_optimizer(optimizer);
+  auto train_loader = acc.prepare_data(train_set.images(), train_set.targets(), batch_size);
+  auto test_loader = acc.prepare_data(test_set.images(), test_set.targets(), 256, /*shuffle=*/false);
+  if (!resume_from.empty()) {
+    acc.load_state(resume_from);
+    acc.print("resumed from %s at step %lld (epoch %lld)\n", resume_from.c_str(),
+              static_cast<long long>(acc.completed_steps()), static_cast<long long>(train_loader.epoch()));
+  }
+
+  // Training: the loop is the same whatever was launched.
+  const int64_t total = epochs * train_loader.batches_per_epoch();
+  auto bar = acc.progress_bar(total, "train");
+  const auto start = std::chrono::steady_clock::now();
+  int64_t samples = 0;
+  while (train_loader.epoch() < epochs) {
+    model->train();
+    for (auto& batch : train_loader) {
+      auto sync = acc.accumulate(model);
+      at::Tensor loss = at::cross_entropy_loss(model->forward(batch.data.to(acc.device())), batch.target.to(acc.device()));
+      acc.backward(loss);
+      acc.step(optimizer);
+      acc.zero_grad(optimizer);
+      samples += batch.data.size(0) * acc.num_processes();
+      bar.update(acc.completed_steps(), batch.data.size(0) * acc.num_processes(), loss.item<double>());
+    }
+  }
+  bar.finish();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  // Evaluation over exactly the 10,000 test images, whatever the number of processes.
+  model->eval();
+  at::NoGradGuard no_grad;
+  int64_t correct = 0, seen = 0;
+  for (auto& batch : test_loader) {
+    at::Tensor right = model->forward(batch.data.to(acc.device())).argmax(1).eq(batch.target.to(acc.device()));
+    at::Tensor all = acc.gather_for_metrics(right);
+    correct += all.sum().item<int64_t>();
+    seen += all.size(0);
+  }
+  const std::string saved = acc.save_state(checkpoints);
+  acc.print("test accuracy %.2f%% (%lld/%lld images), %.0f training samples/s over %.1f s, checkpoint %s\n",
+            100.0 * correct / seen, static_cast<long long>(correct), static_cast<long long>(seen),
+            samples / seconds, seconds, saved.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return train(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", tandem::one_line(e).c_str());
+    return 1;
+  }
+}
