@@ -20,6 +20,7 @@
 #include "support/distributed_main.h"
 #include "support/errors.h"
 #include "tandem/accelerate/accelerator.h"
+#include "tandem/comm/cuda_info.h"
 #include "tandem/data/distributed_sampler.h"
 
 using namespace tandem;
@@ -224,6 +225,55 @@ TEST(AcceleratorUtilities, GatherReduceSplitAndMainProcessFirst) {
   }
   acc.wait_for_everyone();
   if (acc.is_main_process()) std::remove(path.c_str());
+}
+
+// A LibTorch dataset (examples one by one, stacked by the loader) gives the batches that the
+// same data as plain tensors gives.
+struct Pairs : torch::data::datasets::Dataset<Pairs> {
+  Data d = dataset();
+  torch::data::Example<> get(size_t i) override { return {d.x[static_cast<int64_t>(i)], d.y[static_cast<int64_t>(i)]}; }
+  std::optional<size_t> size() const override { return static_cast<size_t>(d.x.size(0)); }
+};
+
+TEST(AcceleratorData, ALibTorchDatasetBatchesLikePlainTensors) {
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().progress(false));
+  Data d = dataset();
+  auto tensors = acc.prepare_data(d.x, d.y, 5);
+  auto examples = acc.prepare_data(Pairs(), 5);
+  auto a = tensors.begin();
+  auto b = examples.begin();
+  int batches = 0;
+  for (; a != tensors.end() && b != examples.end(); ++a, ++b, ++batches) {
+    EXPECT_TRUE(at::equal(a->data, b->data));
+    EXPECT_TRUE(at::equal(a->target, b->target));
+  }
+  EXPECT_EQ(batches, (kSamples / W() + 4) / 5);
+  EXPECT_TRUE(a == tensors.end() && b == examples.end());
+}
+
+TEST(AcceleratorUtilities, LogAppendsJsonLinesOnTheMainProcess) {
+  const std::string dir = "/tmp/tandem-acc-log-" + std::to_string(getppid());
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().progress(false).project_dir(dir));
+  if (acc.is_main_process()) (void)!std::system(("rm -rf " + dir).c_str());
+  acc.log({{"loss", 0.5}, {"accuracy", 0.25}}, 10);
+  acc.log({{"loss", 0.25}}, 20);
+  if (acc.is_main_process()) {
+    std::ifstream in(dir + "/metrics.jsonl");
+    std::string first, second, third;
+    std::getline(in, first);
+    std::getline(in, second);
+    EXPECT_EQ(first, "{\"accuracy\":0.25,\"loss\":0.5,\"step\":10}");
+    EXPECT_EQ(second, "{\"loss\":0.25,\"step\":20}");
+    EXPECT_FALSE(std::getline(in, third));
+    (void)!std::system(("rm -rf " + dir).c_str());
+  }
+}
+
+TEST(AcceleratorDevices, ARankWithoutItsGpuIsNamed) {
+  EXPECT_EQ(comm::device_for_local_rank(1, 2), 1);
+  EXPECT_ERROR(comm::device_for_local_rank(3, 2),
+               "LOCAL_RANK=3 has no CUDA device: 2 visible (one device per rank on a node: start at most 2 workers per "
+               "node, or check CUDA_VISIBLE_DEVICES)");
 }
 
 TEST(AcceleratorErrors, BadOptionsAreNamed) {

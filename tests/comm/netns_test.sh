@@ -2,6 +2,7 @@
 # Two "hosts" made with network namespaces joined by a veth pair, two ranks each: the collectives
 # cross a real (virtual) network, and the store and Gloo bind non-loopback addresses.
 # Exit 77 (ctest: skipped) where the machine refuses namespaces.
+# netns_test.sh TANDEM WORKER [GTEST_FILTER]: the worker's tests run as 4 ranks on the 2 hosts.
 set -u
 TANDEM="$1"; WORKER="$2"
 A=tandem_test_a_$$; B=tandem_test_b_$$
@@ -21,7 +22,7 @@ ip -n "$A" link set "va$$" up; ip -n "$B" link set "vb$$" up
 set +e
 
 common=(--nnodes 2 --nproc-per-node 2 --master-addr "$ADDR_A" --master-port "$PORT" --run-id netns-test)
-filter="--gtest_filter=Collectives.AllReduce*:Collectives.Broadcast*:Collectives.AllGather*:Collectives.Barrier*"
+filter="${3:---gtest_filter=Collectives.AllReduce*:Collectives.Broadcast*:Collectives.AllGather*:Collectives.Barrier*}"
 ip netns exec "$A" "$TANDEM" run "${common[@]}" --node-rank 0 -- "$WORKER" "$filter" > "${TMPDIR:-/tmp}/netns_a_$$.log" 2>&1 &
 pid_a=$!
 ip netns exec "$B" "$TANDEM" run "${common[@]}" --node-rank 1 -- "$WORKER" "$filter" > "${TMPDIR:-/tmp}/netns_b_$$.log" 2>&1 &
