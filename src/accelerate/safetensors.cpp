@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <set>
 #include <tuple>
 
@@ -210,8 +211,10 @@ json parse_header(const std::string& header, const std::string& where) {
     root = json::parse(header.begin(), header.end(), callback);
   } catch (const json::parse_error& e) {
     throw Error(message(where, ": the header is not valid JSON (error at byte ", e.byte, " of ", header.size(), ")"));
-  } catch (const json::exception& e) {
+  } catch (const json::exception&) {
     throw Error(message(where, ": the header is not valid JSON"));
+  } catch (const std::bad_alloc&) {
+    throw Error(message(where, ": not enough memory to read the ", header.size(), "-byte header"));
   }
   return root;
 }

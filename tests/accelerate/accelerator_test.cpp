@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <torch/nn/cloneable.h>
@@ -433,5 +434,15 @@ int main(int argc, char** argv) {
       return resume_scenario(phase, std::atoi(k), dir, out);
     };
   }
+  // accelerate#2236: wait_for_everyone honours the collective timeout. Rank 1 never arrives.
+  scenarios["wait-alone"] = [] {
+    Accelerator acc(test::shared_pg(), AcceleratorOptions().progress(false));
+    if (acc.process_index() == 1) {
+      std::this_thread::sleep_for(test::pg().options().timeout() + std::chrono::seconds(10));
+      return 0;
+    }
+    acc.wait_for_everyone();
+    return 0;
+  };
   return test::distributed_test_main(argc, argv, scenarios);
 }
