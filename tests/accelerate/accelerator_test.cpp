@@ -154,6 +154,14 @@ TEST(AcceleratorAccumulation, KBatchesEqualOneKTimesLargerBatch) {
     if (batches == 9) break;  // 3 optimizer steps
     auto sync = acc.accumulate(model);
     acc.backward(at::cross_entropy_loss(model->forward(batch.data), batch.target));
+    const double norm = acc.clip_grad_norm(model->parameters(), 1e9);  // measures only
+    if (acc.sync_gradients()) {  // the same norm on every rank: the gradients were averaged first
+      at::Tensor norms = acc.gather(at::tensor({norm}, at::kDouble));
+      EXPECT_GT(norm, 0);
+      for (int r = 1; r < W(); ++r) EXPECT_EQ(norms[r].item<double>(), norms[0].item<double>());
+    } else {
+      EXPECT_EQ(norm, 0);  // between synchronisations clipping does nothing
+    }
     if (acc.step(opt)) ++stepped;
     acc.zero_grad(opt);
     ++batches;
@@ -318,6 +326,41 @@ TEST(AcceleratorMixedPrecision, AnInfOnOneRankSkipsTheStepEverywhere) {
   }
   EXPECT_EQ(skipped, (std::vector<bool>{false, false, true, false}));
   EXPECT_EQ(scales, (std::vector<double>{1024, 1024, 512, 512}));
+}
+
+TEST(AcceleratorMixedPrecision, Bf16RunsTheForwardUnderAutocast) {
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().mixed_precision(Precision::Bf16).progress(false));
+  Net net;
+  auto model = acc.prepare_model(net);
+  at::Tensor out = model->forward(at::randn({4, 8}));
+  EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(net->forward(at::randn({4, 8})).scalar_type(), at::kFloat);  // outside the prepared model: off
+  acc.backward(out.to(at::kFloat).sum());
+  EXPECT_EQ(net->fc1->weight.grad().scalar_type(), at::kFloat);  // master weights and gradients stay fp32
+}
+
+TEST(AcceleratorCheckpoints, RegisteredObjectsAreSavedAndRestored) {
+  const std::string root = "/tmp/tandem-acc-custom-" + std::to_string(getppid());
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().progress(false));
+  std::string counter = "seen 7 batches";
+  acc.register_for_checkpointing("counter", [&] { return counter; }, [&](const std::string& bytes) { counter = bytes; });
+  const std::string path = acc.save_state(root);
+  counter = "changed";
+  acc.load_state(path);
+  EXPECT_EQ(counter, "seen 7 batches");
+  EXPECT_ERROR(acc.register_for_checkpointing("a/b", nullptr, nullptr),
+               "register_for_checkpointing: 'a/b' is not a valid name (non-empty, no '/')");
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) (void)!std::system(("rm -rf " + root).c_str());
+}
+
+TEST(AcceleratorProgress, APlainLineWithStepRateLossAndEta) {
+  accelerate::ProgressBar bar(200, "train", /*enabled=*/true, std::tmpfile());
+  bar.update(50, 6400, 0.5);
+  const std::string line = bar.line();
+  EXPECT_THAT(line, ::testing::StartsWith("train step 50/200 ( 25%) | "));
+  EXPECT_THAT(line, ::testing::HasSubstr(" samples/s | loss 0.5000 | elapsed "));
+  EXPECT_THAT(line, ::testing::HasSubstr(" | ETA "));
 }
 
 TEST(AcceleratorCheckpoints, ASaveBetweenSynchronisationsIsRefused) {
