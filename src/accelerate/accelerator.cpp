@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -169,7 +170,8 @@ bool Accelerator::step(torch::optim::Optimizer& optimizer) {
     optimizer.step();
   }
   step_skipped_ = !stepped;
-  ++completed_steps_;
+  // One step per iteration, however many optimizers (the first prepared one counts).
+  if (optimizers_.empty() || &optimizer == optimizers_.front()) ++completed_steps_;
   return stepped;
 }
 
@@ -227,12 +229,17 @@ at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) {
   return ordered.narrow(0, 0, keep);
 }
 
-MainProcessFirst::MainProcessFirst(Accelerator& accelerator) : accelerator_(&accelerator) {
+MainProcessFirst::MainProcessFirst(Accelerator& accelerator)
+    : accelerator_(&accelerator), exceptions_(std::uncaught_exceptions()) {
   if (!accelerator.is_main_process()) accelerator.wait_for_everyone();  // the main process runs first
 }
 
 MainProcessFirst::~MainProcessFirst() noexcept(false) {
-  if (accelerator_ && accelerator_->is_main_process()) accelerator_->wait_for_everyone();  // releases the others
+  // Releases the others, unless the main process's block is throwing: then they must not go on
+  // as if it had succeeded; they fail at the collective timeout instead.
+  if (accelerator_ && accelerator_->is_main_process() && std::uncaught_exceptions() == exceptions_) {
+    accelerator_->wait_for_everyone();
+  }
 }
 
 std::pair<int64_t, int64_t> Accelerator::share_of(int64_t n) const {

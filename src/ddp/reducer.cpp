@@ -36,18 +36,36 @@ std::vector<TensorSpec> specs_of(const std::vector<at::Tensor>& parameters) {
 
 // The end-of-backward callback's token: run, it finalizes the iteration; destroyed unrun (the
 // engine drops its callbacks when backward raises), it tells the reducer (Note [Failed backward]).
+// It reaches the reducer through the anchor: the engine may destroy it late, on another thread,
+// after the DDP module is gone.
+template <typename Anchor>
 class BackwardEnd {
  public:
-  explicit BackwardEnd(Reducer* reducer) : reducer_(reducer) {}
+  explicit BackwardEnd(std::weak_ptr<Anchor> anchor) : anchor_(std::move(anchor)) {}
   ~BackwardEnd() {
-    if (reducer_) reducer_->on_backward_abandoned();
+    if (ran_) return;
+    if (auto anchor = anchor_.lock()) {
+      std::lock_guard<std::mutex> hold(anchor->mutex);
+      if (anchor->reducer) anchor->reducer->on_backward_abandoned();
+    }
   }
   BackwardEnd(const BackwardEnd&) = delete;
   BackwardEnd& operator=(const BackwardEnd&) = delete;
-  void run() { std::exchange(reducer_, nullptr)->on_backward_finished(); }
+  void run() {
+    ran_ = true;
+    if (auto anchor = anchor_.lock()) {
+      Reducer* reducer = nullptr;
+      {
+        std::lock_guard<std::mutex> hold(anchor->mutex);
+        reducer = anchor->reducer;
+      }
+      if (reducer) reducer->on_backward_finished();  // the module is alive: backward() is running
+    }
+  }
 
  private:
-  Reducer* reducer_;
+  std::weak_ptr<Anchor> anchor_;
+  bool ran_ = false;
 };
 
 // Runs when backward reaches a synced forward's output, before any gradient of the model exists:
@@ -164,13 +182,14 @@ void Reducer::prepare_for_forward(bool synced) {
     passthrough_ = pg_->size() == 1 && !comm_hook_;
     if (!passthrough_) allocate_buckets();
   }
-  if (awaiting_backward_) {
-    TANDEM_CHECK(backward_failed_,
+  if (awaiting_backward_ && !backward_failed_) {
+    reset_iteration();  // the error is raised once; the next forward starts afresh
+    TANDEM_CHECK(false,
                  "DDP: forward() was called again before the last synced forward's backward() started: call "
                  "backward() once per synced forward(), or run extra forwards under at::NoGradGuard or inside "
                  "no_sync()");
-    finish_failed_iteration();
   }
+  if (awaiting_backward_) finish_failed_iteration();
   if (!synced || !rebuild_pending_) return;
   // Rank 0's arrival order, so every rank builds the same buckets. Parameters that never arrived
   // (unused) go last, in reverse registration order.
@@ -200,6 +219,11 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool 
                " needs every tensor of forward()'s output, but DDP cannot look inside a value of type '",
                output_type,
                "': return a tensor, or a std::vector, std::tuple, std::pair or std::optional of them");
+  // An output that nothing can flow back through (a frozen model, argmax) arms nothing.
+  const bool differentiable = !outputs_complete || std::any_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) {
+    return t.defined() && t.requires_grad();
+  });
+  if (!differentiable) return;
   expect_hooks_ = true;
   awaiting_backward_ = true;
   // Backward reaching any output means it started for this iteration (Note [Failed backward]).
@@ -249,7 +273,13 @@ void Reducer::on_backward_started() {
 void Reducer::start_backward_locked() {
   if (!expect_hooks_ || backward_started_) return;
   backward_started_ = true;
-  auto token = std::make_shared<BackwardEnd>(this);
+  // Parameters this forward did not reach are ready now: their buckets must launch even when
+  // no gradient of this rank arrives at all.
+  unused_marked_ = true;
+  for (auto unused : unused_) {
+    if (!ready_[unused]) mark_ready(unused, /*produced=*/false);
+  }
+  auto token = std::make_shared<BackwardEnd<Anchor>>(std::weak_ptr<Anchor>(anchor_));
   torch::autograd::Engine::get_default_engine().queue_callback([token] { token->run(); });
 }
 
@@ -260,12 +290,6 @@ void Reducer::on_gradient_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!expect_hooks_) return;  // no_sync, or a backward not started from a synced forward
   start_backward_locked();
-  if (!unused_marked_) {
-    unused_marked_ = true;
-    for (auto unused : unused_) {
-      if (!ready_[unused]) mark_ready(unused, /*produced=*/false);
-    }
-  }
   TANDEM_CHECK(!ready_[index], "DDP: parameter ", index, " ('", names_[index],
                "') received a second gradient in one backward; DDP reduces each gradient once per iteration");
   if (iteration_ == 0) arrival_order_.push_back(static_cast<int64_t>(index));
@@ -347,6 +371,7 @@ size_t Reducer::agree_on_launched(size_t launched) {
   } catch (const std::exception&) {
     std::string absent;
     for (int r = 0; r < pg_->size(); ++r) {
+      if (r == pg_->rank()) continue;  // our own key is there
       bool there = false;
       try {
         there = store->check({keys[static_cast<size_t>(r)]});
@@ -409,31 +434,37 @@ void Reducer::finalize_backward() {
   at::NoGradGuard no_grad;
   ScopeExit clean([this] { reset_iteration(); });  // whatever happens below, the next iteration starts clean
   if (next_bucket_ < buckets_.size()) {
-    // Finish what was started, so the process group stays in step, then report both.
+    // The missing gradients contribute zeros, so that every bucket is launched as on the ranks
+    // that had them all (the collectives stay in step), then every one is waited for.
     const std::string missing = describe_missing();
-    const std::string comm_error = wait_launched(next_bucket_);
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      if (!ready_[i]) mark_ready(i, /*produced=*/false);
+    }
+    const std::string comm_error = wait_launched(buckets_.size());
+    // The ranks that had every gradient all-reduce the used map and count this iteration (they
+    // may rebuild at the next forward, a broadcast): so does this one, or the collectives would
+    // fall out of step.
+    if (comm_error.empty()) (void)global_use();
+    end_iteration_bookkeeping();
     throw Error("DDP: these parameters received no gradient in this backward: " + missing +
                 ". They took no part in computing the loss: construct DDP with "
                 "find_unused_parameters(true), or static_graph(true) if the same ones are unused every iteration" +
                 (comm_error.empty() ? "" : "; finishing the all-reduces already started failed too: " + comm_error));
   }
+  // Every bucket is waited for even when one fails: none may still be writing into its buffer
+  // (a .grad with bucket views) when the next iteration starts.
+  std::string failure;
   for (auto& bucket : buckets_) {
     if (!bucket.reduction) continue;
-    at::Tensor result = bucket.reduction->wait();
-    if (!result.is_same(bucket.contents)) bucket.contents.copy_(result);
+    try {
+      at::Tensor result = bucket.reduction->wait();
+      if (!result.is_same(bucket.contents)) bucket.contents.copy_(result);
+    } catch (const std::exception& e) {
+      if (failure.empty()) failure = one_line(e);
+    }
   }
-  // A parameter unused on every rank keeps its gradient untouched (undefined stays undefined).
-  // The condition is the same on every rank (options and iteration count), never data-dependent.
-  std::vector<bool> used_globally(parameters_.size(), true);
-  if (options_.static_graph() && iteration_ > 0) {
-    used_globally = static_used_globally_;
-  } else if (options_.find_unused_parameters() || options_.static_graph()) {
-    at::Tensor map = at::from_blob(used_locally_.data(), {static_cast<int64_t>(used_locally_.size())}, at::kInt).clone();
-    if (pg_->size() > 1) pg_->all_reduce(map, comm::ReduceOp::Sum);
-    const auto* used = map.data_ptr<int32_t>();
-    for (size_t i = 0; i < parameters_.size(); ++i) used_globally[i] = used[i] > 0;
-    if (options_.static_graph()) static_used_globally_ = used_globally;
-  }
+  TANDEM_CHECK(failure.empty(), failure);
+  const std::vector<bool> used_globally = global_use();
   for (size_t i = 0; i < parameters_.size() && !passthrough_; ++i) {
     auto [b, slot] = locator_[i];
     const at::Tensor& view = buckets_[b].views[slot];
@@ -450,6 +481,27 @@ void Reducer::finalize_backward() {
       grad = view.clone();
     }
   }
+  end_iteration_bookkeeping();
+}
+
+// A parameter unused on every rank keeps its gradient untouched (undefined stays undefined).
+// The condition is the same on every rank (options and iteration count), never data-dependent,
+// so the all-reduce of the used map happens everywhere or nowhere.
+std::vector<bool> Reducer::global_use() {
+  std::vector<bool> used_globally(parameters_.size(), true);
+  if (options_.static_graph() && iteration_ > 0) {
+    used_globally = static_used_globally_;
+  } else if (options_.find_unused_parameters() || options_.static_graph()) {
+    at::Tensor map = at::from_blob(used_locally_.data(), {static_cast<int64_t>(used_locally_.size())}, at::kInt).clone();
+    if (pg_->size() > 1) pg_->all_reduce(map, comm::ReduceOp::Sum);
+    const auto* used = map.data_ptr<int32_t>();
+    for (size_t i = 0; i < parameters_.size(); ++i) used_globally[i] = used[i] > 0;
+    if (options_.static_graph()) static_used_globally_ = used_globally;
+  }
+  return used_globally;
+}
+
+void Reducer::end_iteration_bookkeeping() {
   const bool rebuild_allowed = !options_.find_unused_parameters() || options_.static_graph();
   if (rebuild_allowed && iteration_ == 0) rebuild_pending_ = true;  // once: after the first iteration
   ++iteration_;

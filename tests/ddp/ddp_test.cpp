@@ -572,6 +572,26 @@ TEST(DdpErrors, ACommunicationFailureOnTheMissingGradientPathIsReported) {
   EXPECT_THAT(error, ::testing::HasSubstr("finishing the all-reduces already started failed too: injected all-reduce failure"));
 }
 
+// Only some ranks miss a gradient (a data-dependent branch): they contribute zeros so every
+// bucket is still launched, report the error, and the next iteration is in step everywhere.
+TEST(DdpErrors, AGradientMissingOnSomeRanksKeepsTheCollectivesInStep) {
+  if (W() < 2) GTEST_SKIP() << "needs two ranks";
+  torch::manual_seed(1);
+  Branchy local;
+  DistributedDataParallel model(local, test::shared_pg(), DistributedDataParallelOptions().bucket_cap_mb(1e-5).first_bucket_mb(1e-6));
+  Batch mine = shard(global_batch(0), R(), W());
+  const std::string error = test::error_of([&] { loss_of(model->forward(mine.x, R() == 0), mine.y).backward(); });
+  if (R() == 0) {
+    EXPECT_EQ(error, "(nothing thrown)");
+  } else {
+    EXPECT_THAT(error, ::testing::HasSubstr("these parameters received no gradient in this backward: 2 'module.branch.weight'"));
+  }
+  model->zero_grad();
+  loss_of(model->forward(mine.x, true), mine.y).backward();
+  auto everywhere = test::shared_pg()->all_gather(local->head->weight.grad().contiguous());
+  for (int r = 1; r < W(); ++r) EXPECT_TRUE(at::equal(everywhere[0], everywhere[r]));
+}
+
 // ---- "used" means autograd produced the gradient ---------------------------------------------
 
 // With find_unused_parameters, a layer that no rank uses keeps whatever gradient each rank left

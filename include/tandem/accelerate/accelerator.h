@@ -66,7 +66,8 @@ class AccumulateScope {
 class MainProcessFirst {
  public:
   ~MainProcessFirst() noexcept(false);
-  MainProcessFirst(MainProcessFirst&& other) noexcept : accelerator_(std::exchange(other.accelerator_, nullptr)) {}
+  MainProcessFirst(MainProcessFirst&& other) noexcept
+      : accelerator_(std::exchange(other.accelerator_, nullptr)), exceptions_(other.exceptions_) {}
   MainProcessFirst(const MainProcessFirst&) = delete;
   MainProcessFirst& operator=(const MainProcessFirst&) = delete;
 
@@ -74,6 +75,7 @@ class MainProcessFirst {
   friend class Accelerator;
   explicit MainProcessFirst(Accelerator& accelerator);
   Accelerator* accelerator_;
+  int exceptions_;  // std::uncaught_exceptions() at construction
 };
 
 class Accelerator {

@@ -110,6 +110,8 @@ class Reducer {
   size_t agree_on_launched(size_t launched);
   void finish_failed_iteration();
   void finalize_backward();
+  std::vector<bool> global_use();
+  void end_iteration_bookkeeping();
   void reset_iteration();
   std::string describe_missing() const;
 
