@@ -68,6 +68,16 @@ def percentile(values, p):
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
+def emit(record, out):
+    """One JSON line: appended to `out`, or printed."""
+    line = json.dumps(record)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+    else:
+        print(line)
+
+
 def run_accelerate(a, rank, world):
     """Hugging Face accelerate's loop on the same model, batch and optimizer (its DDP on Gloo)."""
     from accelerate import Accelerator
@@ -92,12 +102,7 @@ def run_accelerate(a, rank, world):
         record = dict(impl="accelerate", model=a.model, mode="accelerate", world=world, batch=a.batch,
                       steps=a.steps, p50_s=p50, p95_s=percentile(times, 0.95),
                       samples_per_s_per_rank=a.batch / p50, threads=a.threads, rank_p50_s=p50s)
-        line = json.dumps(record)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(line + "\n")
-        else:
-            print(line)
+        emit(record, a.out)
     acc.wait_for_everyone()
     acc.end_training()
 
@@ -159,12 +164,7 @@ def main():
                       grad_bytes=sum(p.numel() * p.element_size() for p in net.parameters()),
                       rank_p50_s=[g[0].item() for g in gathered],
                       rank_peak_rss_mb=[g[1].item() for g in gathered])
-        line = json.dumps(record)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(line + "\n")
-        else:
-            print(line)
+        emit(record, a.out)
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
