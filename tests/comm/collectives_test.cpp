@@ -170,15 +170,15 @@ TEST(Timeout, AMissingPeerEndsTheCollectiveWithItsName) {
     return;
   }
   at::Tensor t = at::ones({4});
-  const auto start = std::chrono::steady_clock::now();
   try {
     pg().all_reduce(t);
     FAIL() << "all_reduce completed without rank 0";
   } catch (const tandem::Error& e) {
     EXPECT_NE(std::string(e.what()).find("all_reduce of 4 Float on cpu (sum) failed on rank 1 of 2"),
               std::string::npos) << e.what();
+    // The timeout ended it, not rank 0 going away (which happens only after the timeout + 2 s).
+    EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, pg().options().timeout() + std::chrono::seconds(5));
 }
 
 int main(int argc, char** argv) {
