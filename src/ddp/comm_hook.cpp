@@ -37,19 +37,8 @@ CommHook compress_hook(std::shared_ptr<comm::ProcessGroup> pg, at::ScalarType wi
 
 }  // namespace
 
-// A world of one has nothing to exchange: the pre-divided bucket already is the average. Skipping
-// the backend saves a hop through Gloo's worker thread per bucket.
-class AlreadyReduced : public PendingReduction {
- public:
-  explicit AlreadyReduced(at::Tensor tensor) : tensor_(std::move(tensor)) {}
-  at::Tensor wait() override { return tensor_; }
-
- private:
-  at::Tensor tensor_;
-};
-
+// (A world of one never gets here without a hook: Note [World of one] in reducer.h.)
 std::unique_ptr<PendingReduction> start_presummed_allreduce(comm::ProcessGroup& pg, at::Tensor bucket) {
-  if (pg.size() == 1) return std::make_unique<AlreadyReduced>(std::move(bucket));
   return std::make_unique<AllReduceInFlight>(pg, std::move(bucket), nullptr);
 }
 

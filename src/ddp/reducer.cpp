@@ -273,14 +273,14 @@ void Reducer::on_backward_started() {
 void Reducer::start_backward_locked() {
   if (!expect_hooks_ || backward_started_) return;
   backward_started_ = true;
+  // Queued first: if a launch below throws, the dropped token still marks the iteration failed.
+  auto token = std::make_shared<BackwardEnd<Anchor>>(std::weak_ptr<Anchor>(anchor_));
+  torch::autograd::Engine::get_default_engine().queue_callback([token] { token->run(); });
   // Parameters this forward did not reach are ready now: their buckets must launch even when
   // no gradient of this rank arrives at all.
-  unused_marked_ = true;
   for (auto unused : unused_) {
     if (!ready_[unused]) mark_ready(unused, /*produced=*/false);
   }
-  auto token = std::make_shared<BackwardEnd<Anchor>>(std::weak_ptr<Anchor>(anchor_));
-  torch::autograd::Engine::get_default_engine().queue_callback([token] { token->run(); });
 }
 
 // No lock: the engine may drop the token on any thread, at any point of its unwinding.
@@ -512,7 +512,6 @@ void Reducer::reset_iteration() {
   backward_started_ = false;
   backward_failed_ = false;
   awaiting_backward_ = false;
-  unused_marked_ = false;
   next_bucket_ = 0;
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(used_locally_.begin(), used_locally_.end(), 0);

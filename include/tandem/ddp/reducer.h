@@ -136,7 +136,6 @@ class Reducer {
   bool backward_started_ = false;    // its end-of-backward callback is queued
   std::atomic<bool> backward_failed_{false};  // ... and was dropped by the engine unrun
   bool awaiting_backward_ = false;   // a synced forward happened and its backward has not ended
-  bool unused_marked_ = false;
   size_t next_bucket_ = 0;
   std::vector<bool> ready_;
   std::vector<int32_t> used_locally_;  // 1 where autograd produced the gradient in this backward
