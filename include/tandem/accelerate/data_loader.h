@@ -131,12 +131,7 @@ class PreparedLoader {
   /// Starts (or, after resume(), continues) the current epoch.
   Iterator begin() {
     auto& s = *state_;
-    if (!s.in_epoch) {
-      s.sampler->set_epoch(s.epoch);
-      auto indices = s.sampler->indices();
-      s.indices.assign(indices.begin(), indices.end());
-      s.in_epoch = true;
-    }
+    if (!s.in_epoch) s.start_epoch();
     Iterator it(state_, false);
     it.load();
     return it;
@@ -157,12 +152,8 @@ class PreparedLoader {
                  epoch, ", batch ", batches_done, ") is outside this loader's ", s.batches_per_epoch(),
                  " batches per epoch: the checkpoint belongs to other data or another batch size or world size");
     s.epoch = epoch;
+    s.start_epoch();
     s.batches_done = batches_done;
-    s.in_epoch = false;
-    s.sampler->set_epoch(epoch);
-    auto indices = s.sampler->indices();
-    s.indices.assign(indices.begin(), indices.end());
-    s.in_epoch = true;
   }
   Dataset& dataset() { return state_->dataset; }
 
@@ -181,6 +172,13 @@ class PreparedLoader {
     int64_t batches_done = 0;
     bool in_epoch = false;
     std::vector<size_t> indices;
+    /// This rank's indices for `epoch`, from the sampler (the shuffle of seed + epoch).
+    void start_epoch() {
+      sampler->set_epoch(epoch);
+      auto order = sampler->indices();
+      indices.assign(order.begin(), order.end());
+      in_epoch = true;
+    }
     int64_t batches_per_epoch() const {
       const int64_t n = sampler->num_samples();
       return (n + batch_size - 1) / batch_size;
