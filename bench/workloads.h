@@ -1,78 +1,224 @@
 #pragma once
-// The benchmark workloads, defined identically here and in bench/ddp_bench_peer.py (same layers,
-// shapes, initialisation order is irrelevant to speed): a small MLP, a CNN with BatchNorm on
-// 28x28 images, and a small transformer encoder classifier.
+// The benchmark workloads, defined layer for layer as in bench/peer.py: same modules, same
+// registered names, same shapes, so the same parameter count at every scale (the record's
+// "params"; tests/bench/worker_records.sh checks the two are equal).
+//
+//   small   an MLP on [B,1,28,28] flattened: tiny 784-32-10; cpu and full 784-512-256-10
+//   medium  ResNet-18's topology with the CIFAR stem, widths w,2w,4w,8w, on [B,3,H,H]:
+//           tiny w=4 H=16; cpu w=16 H=32; full w=64 H=32 (the real ResNet-18, 11.2 M)
+//   large   a GPT-style pre-LN decoder on [B,T] tokens, next-token loss over every position:
+//           tiny V=128 T=16 d=32 L=1 heads=2; cpu V=4096 T=64 d=192 L=4 heads=6;
+//           full V=8192 T=256 d=512 L=8 heads=8
+//
+// Every model's forward takes one tensor and returns one (DataParallel needs that); the loss is
+// cross entropy over the output flattened to [-1, classes] against the target flattened to [-1]
+// (a classifier's [B,10] / [B] unchanged; the GPT's [B,T,V] / [B,T]).
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/transformerlayer.h>
+#include <torch/nn/modules/normalization.h>
 
 #include "tandem/error.h"
 
 namespace tandem::bench {
 
+inline bool is_scale(const std::string& scale) { return scale == "tiny" || scale == "cpu" || scale == "full"; }
+
+// ---- small: MLP --------------------------------------------------------------------------------
+
+inline std::vector<int64_t> mlp_dims(const std::string& scale) {
+  if (scale == "tiny") return {784, 32, 10};
+  return {784, 512, 256, 10};
+}
+
+/// Linear layers fc0, fc1, ... with ReLU between them.
 struct MlpImpl : torch::nn::Module {
-  MlpImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(784, 512))),
-        fc2(register_module("fc2", torch::nn::Linear(512, 512))),
-        fc3(register_module("fc3", torch::nn::Linear(512, 10))) {}
-  at::Tensor forward(const at::Tensor& x) { return fc3(fc2(fc1(x.flatten(1)).relu()).relu()); }
-  torch::nn::Linear fc1, fc2, fc3;
+  explicit MlpImpl(const std::vector<int64_t>& dims) {
+    for (size_t i = 0; i + 1 < dims.size(); ++i) {
+      layers.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(dims[i], dims[i + 1])));
+    }
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = x.flatten(1);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      h = layers[i](h);
+      if (i + 1 < layers.size()) h = h.relu();
+    }
+    return h;
+  }
+  std::vector<torch::nn::Linear> layers;
 };
 TORCH_MODULE(Mlp);
 
-struct CnnImpl : torch::nn::Module {
-  CnnImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).bias(false)))),
-        bn1(register_module("bn1", torch::nn::BatchNorm2d(32))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).bias(false)))),
-        bn2(register_module("bn2", torch::nn::BatchNorm2d(64))),
-        fc1(register_module("fc1", torch::nn::Linear(64 * 12 * 12, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+// ---- medium: ResNet-18 topology, CIFAR stem ----------------------------------------------------
+
+struct ResNetConfig {
+  int64_t width = 16;  // w: stage widths w, 2w, 4w, 8w
+  int64_t image = 32;  // H: input [B,3,H,H]
+};
+
+inline ResNetConfig resnet_config(const std::string& scale) {
+  if (scale == "tiny") return {4, 16};
+  if (scale == "cpu") return {16, 32};
+  return {64, 32};
+}
+
+inline torch::nn::Conv2d conv3x3(int64_t in, int64_t out, int64_t stride) {
+  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false));
+}
+
+/// conv3x3-BN-ReLU-conv3x3-BN plus the shortcut (identity, or 1x1 conv + BN when the shape
+/// changes), then ReLU.
+struct BasicBlockImpl : torch::nn::Module {
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
+      : conv1(register_module("conv1", conv3x3(in, out, stride))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(out))),
+        conv2(register_module("conv2", conv3x3(out, out, 1))),
+        bn2(register_module("bn2", torch::nn::BatchNorm2d(out))) {
+    if (stride != 1 || in != out) {
+      downsample = register_module(
+          "downsample",
+          torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+                                torch::nn::BatchNorm2d(out)));
+    }
+  }
   at::Tensor forward(const at::Tensor& x) {
-    auto h = bn1(conv1(x)).relu();
-    h = at::max_pool2d(bn2(conv2(h)).relu(), 2);
-    return fc2(fc1(h.flatten(1)).relu());
+    at::Tensor h = bn1(conv1(x)).relu();
+    h = bn2(conv2(h));
+    return (h + (downsample ? downsample->forward(x) : x)).relu();
   }
   torch::nn::Conv2d conv1;
   torch::nn::BatchNorm2d bn1;
   torch::nn::Conv2d conv2;
   torch::nn::BatchNorm2d bn2;
+  torch::nn::Sequential downsample{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+struct ResNetImpl : torch::nn::Module {
+  explicit ResNetImpl(const ResNetConfig& c)
+      : conv1(register_module("conv1", conv3x3(3, c.width, 1))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(c.width))),
+        layer1(register_module("layer1", stage(c.width, c.width, 1))),
+        layer2(register_module("layer2", stage(c.width, 2 * c.width, 2))),
+        layer3(register_module("layer3", stage(2 * c.width, 4 * c.width, 2))),
+        layer4(register_module("layer4", stage(4 * c.width, 8 * c.width, 2))),
+        fc(register_module("fc", torch::nn::Linear(8 * c.width, 10))) {}
+  static torch::nn::Sequential stage(int64_t in, int64_t out, int64_t stride) {
+    return torch::nn::Sequential(BasicBlock(in, out, stride), BasicBlock(out, out, 1));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = bn1(conv1(x)).relu();
+    h = layer4->forward(layer3->forward(layer2->forward(layer1->forward(h))));
+    return fc(at::adaptive_avg_pool2d(h, {1, 1}).flatten(1));
+  }
+  torch::nn::Conv2d conv1;
+  torch::nn::BatchNorm2d bn1;
+  torch::nn::Sequential layer1, layer2, layer3, layer4;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(ResNet);
+
+// ---- large: GPT-style decoder ------------------------------------------------------------------
+
+struct GptConfig {
+  int64_t vocab = 4096, context = 64, dim = 192, layers = 4, heads = 6;
+};
+
+inline GptConfig gpt_config(const std::string& scale) {
+  if (scale == "tiny") return {128, 16, 32, 1, 2};
+  if (scale == "cpu") return {4096, 64, 192, 4, 6};
+  return {8192, 256, 512, 8, 8};
+}
+
+/// Pre-LN: x + proj(causal attention(ln1(x))), then x + fc2(gelu(fc1(ln2(x)))).
+struct GptBlockImpl : torch::nn::Module {
+  GptBlockImpl(int64_t dim, int64_t heads)
+      : heads(heads),
+        ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
+        qkv(register_module("qkv", torch::nn::Linear(dim, 3 * dim))),
+        proj(register_module("proj", torch::nn::Linear(dim, dim))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
+        fc1(register_module("fc1", torch::nn::Linear(dim, 4 * dim))),
+        fc2(register_module("fc2", torch::nn::Linear(4 * dim, dim))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
+    // [B,T,3d] -> [3,B,heads,T,d/heads]
+    auto parts = qkv(ln1(x)).view({b, t, 3, heads, d / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
+    at::Tensor y = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], /*attn_mask=*/{},
+                                                    /*dropout_p=*/0.0, /*is_causal=*/true);
+    at::Tensor h = x + proj(y.transpose(1, 2).reshape({b, t, d}));
+    return h + fc2(at::gelu(fc1(ln2(h))));
+  }
+  int64_t heads;
+  torch::nn::LayerNorm ln1;
+  torch::nn::Linear qkv, proj;
+  torch::nn::LayerNorm ln2;
   torch::nn::Linear fc1, fc2;
 };
-TORCH_MODULE(Cnn);
+TORCH_MODULE(GptBlock);
 
-// Tokens [seq, batch] -> logits [batch, 10]; sequence-first, dropout 0, as the Python peer.
-struct TransformerImpl : torch::nn::Module {
-  TransformerImpl()
-      : embed(register_module("embed", torch::nn::Embedding(1000, 128))),
-        layer1(register_module("layer1", torch::nn::TransformerEncoderLayer(layer_options()))),
-        layer2(register_module("layer2", torch::nn::TransformerEncoderLayer(layer_options()))),
-        head(register_module("head", torch::nn::Linear(128, 10))) {}
-  static torch::nn::TransformerEncoderLayerOptions layer_options() {
-    return torch::nn::TransformerEncoderLayerOptions(128, 4).dim_feedforward(512).dropout(0.0);
+struct GptImpl : torch::nn::Module {
+  explicit GptImpl(const GptConfig& c)
+      : tok_emb(register_module("tok_emb", torch::nn::Embedding(c.vocab, c.dim))),
+        pos_emb(register_module("pos_emb", torch::nn::Embedding(c.context, c.dim))),
+        blocks(register_module("blocks", torch::nn::Sequential())),
+        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
+        head(register_module("head", torch::nn::Linear(c.dim, c.vocab))) {
+    for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(GptBlock(c.dim, c.heads));
   }
-  at::Tensor forward(const at::Tensor& tokens) { return head(layer2(layer1(embed(tokens))).mean(0)); }
-  torch::nn::Embedding embed;
-  torch::nn::TransformerEncoderLayer layer1, layer2;
+  /// tokens [B,T] (T <= context) -> logits [B,T,V]
+  at::Tensor forward(const at::Tensor& tokens) {
+    at::Tensor positions = at::arange(tokens.size(1), tokens.options().dtype(at::kLong));
+    at::Tensor h = tok_emb(tokens) + pos_emb(positions);
+    return head(ln_f(blocks->forward(h)));
+  }
+  torch::nn::Embedding tok_emb, pos_emb;
+  torch::nn::Sequential blocks;
+  torch::nn::LayerNorm ln_f;
   torch::nn::Linear head;
 };
-TORCH_MODULE(Transformer);
+TORCH_MODULE(Gpt);
 
-constexpr int64_t kSeqLen = 32;
+// ---- data and loss -----------------------------------------------------------------------------
 
-/// A fixed synthetic batch for `model` ("mlp", "cnn", "transformer").
-inline std::pair<at::Tensor, at::Tensor> synthetic_batch(const std::string& model, int64_t batch, uint64_t seed) {
+/// One fixed synthetic batch of `batch` samples for `model` at `scale`, on the CPU, from a
+/// generator seeded with `seed` (the same values as bench/peer.py's torch.Generator draws):
+/// small [B,1,28,28] and medium [B,3,H,H] normal images with labels in [0,10); large: a random
+/// [B,T+1] token sequence, input its first T tokens, target the next token at each position.
+inline std::pair<at::Tensor, at::Tensor> synthetic_batch(const std::string& model, const std::string& scale,
+                                                         int64_t batch, uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  at::Tensor y = at::randint(0, 10, {batch}, gen);
-  if (model == "mlp" || model == "cnn") return {at::randn({batch, 1, 28, 28}, gen), y};
-  if (model == "transformer") return {at::randint(0, 1000, {kSeqLen, batch}, gen), y};
-  throw Error("unknown model '" + model + "' (expected mlp, cnn or transformer)");
+  if (model == "small") {
+    at::Tensor x = at::randn({batch, 1, 28, 28}, gen);
+    return {x, at::randint(0, 10, {batch}, gen)};
+  }
+  if (model == "medium") {
+    const auto c = resnet_config(scale);
+    at::Tensor x = at::randn({batch, 3, c.image, c.image}, gen);
+    return {x, at::randint(0, 10, {batch}, gen)};
+  }
+  if (model == "large") {
+    const auto c = gpt_config(scale);
+    at::Tensor seq = at::randint(0, c.vocab, {batch, c.context + 1}, gen);
+    return {seq.slice(1, 0, c.context).contiguous(), seq.slice(1, 1).contiguous()};
+  }
+  throw Error("unknown model '" + model + "' (expected small, medium or large)");
+}
+
+/// Cross entropy of `output` [..., classes] against `target` [...] over every position.
+inline at::Tensor loss_of(const at::Tensor& output, const at::Tensor& target) {
+  return at::cross_entropy_loss(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
 }
 
 }  // namespace tandem::bench

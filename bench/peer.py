@@ -1,0 +1,528 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of tandem-bench-worker: one measurement of PyTorch (or Hugging Face
+accelerate) on the models of bench/workloads.h, defined here layer for layer (same module names,
+shapes and parameter count), with the worker's flags and its record ("tandem-bench-run/1").
+
+Started by `tandem bench` through `tandem run` (or torchrun): reads RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT; Gloo on CPU, NCCL on CUDA. Strategies: single (plain loop), ddp
+(torch DDP), ddp-no-sync (DDP under no_sync()), accelerate (accelerate.Accelerator), dp
+(torch.nn.DataParallel over --replicas CUDA devices). dp-replicate, dp-persistent, allreduce and
+sweep are Tandem's alone: they give the "unsupported" record, as does any combination that
+cannot run here. Rank 0 appends one JSON line to --out (or prints it); every rank exits 0.
+Bad flags: one line on stderr, exit 2.
+"""
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+RECORD = "tandem-bench-run/1"
+STRATEGIES = ["single", "ddp", "ddp-no-sync", "accelerate", "dp-replicate", "dp-persistent", "dp", "allreduce",
+              "sweep"]
+
+# ---- flags and the record -------------------------------------------------------------------------
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse's default prints the usage too)
+        sys.stderr.write(f"peer.py: {message}\n")
+        sys.exit(2)
+
+
+def positive(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not positive")
+    return value
+
+
+def non_negative(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def parse_flags(argv=None):
+    ap = Parser(description="One measurement of PyTorch, the peer of tandem-bench-worker")
+    ap.add_argument("--model", choices=["small", "medium", "large"], default="small")
+    ap.add_argument("--scale", choices=["tiny", "cpu", "full"], default="cpu")
+    ap.add_argument("--strategy", choices=STRATEGIES, default="ddp")
+    ap.add_argument("--batch-size", type=positive, default=32, help="samples per device")
+    ap.add_argument("--steps", type=positive, default=20, help="timed steps")
+    ap.add_argument("--warmup", type=non_negative, default=3, help="untimed steps first")
+    ap.add_argument("--threads", type=positive, default=1, help="intra-op threads of this process")
+    ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--replicas", type=positive, default=2, help="dp: replicas (CUDA devices)")
+    ap.add_argument("--sweep-max-bytes", type=positive, default=64 << 20, help="sweep: largest buffer")
+    ap.add_argument("--out", help="append the record here (default: stdout)")
+    a = ap.parse_args(argv)
+    if a.sweep_max_bytes < 4096:
+        ap.error(f"--sweep-max-bytes: {a.sweep_max_bytes} is below 4096")
+    return a
+
+
+def record_world(a, world):
+    """Devices used: the replicas for dp (and the worker's dp-*), else the ranks."""
+    return a.replicas if a.strategy in ("dp", "dp-replicate", "dp-persistent") else world
+
+
+def record_head(a, world):
+    return {"record": RECORD, "impl": "pytorch", "model": a.model, "scale": a.scale, "strategy": a.strategy,
+            "device": a.device, "precision": a.precision, "world": record_world(a, world)}
+
+
+def emit(a, record):
+    line = json.dumps(record)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(line + "\n")
+    else:
+        print(line, flush=True)
+
+
+def unsupported_without_torch(a, world):
+    """Why the combination cannot run, decided before importing torch (the cheap cases)."""
+    if a.strategy in ("dp-replicate", "dp-persistent"):
+        return ("PyTorch's DataParallel has no modes: torch.nn.DataParallel is measured as strategy dp "
+                "(dp-replicate and dp-persistent are Tandem's)")
+    if a.strategy in ("allreduce", "sweep"):
+        return f"{a.strategy} times Tandem's process group: the Tandem worker measures it, not the PyTorch peer"
+    if a.strategy == "dp" and a.device == "cpu":
+        return "torch.nn.DataParallel replicates only across CUDA devices; on CPU it runs the module once"
+    if a.strategy in ("single", "dp") and world > 1:
+        return f"{a.strategy} runs in one process, but {world} were launched"
+    return None
+
+
+def percentile(values, p):
+    """Linear-interpolated percentile (numpy's default), p in [0, 1]."""
+    if not values:
+        return 0.0
+    v = sorted(values)
+    pos = p * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def exit_if_unsupported_without_torch():
+    """The cheap cases, decided before importing torch: an unsupported record costs no import."""
+    a = parse_flags()
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    reason = unsupported_without_torch(a, world)
+    if reason:
+        if rank == 0:
+            emit(a, dict(record_head(a, world), unsupported=reason))
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    exit_if_unsupported_without_torch()
+
+# ---- the models (bench/workloads.h) ---------------------------------------------------------------
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def mlp_dims(scale):
+    return [784, 32, 10] if scale == "tiny" else [784, 512, 256, 10]
+
+
+class Mlp(nn.Module):
+    """Linear layers fc0, fc1, ... with ReLU between them."""
+
+    def __init__(self, dims):
+        super().__init__()
+        self.count = len(dims) - 1
+        for i in range(self.count):
+            setattr(self, f"fc{i}", nn.Linear(dims[i], dims[i + 1]))
+
+    def forward(self, x):
+        h = x.flatten(1)
+        for i in range(self.count):
+            h = getattr(self, f"fc{i}")(h)
+            if i + 1 < self.count:
+                h = F.relu(h)
+        return h
+
+
+def resnet_config(scale):  # (w, H)
+    return {"tiny": (4, 16), "cpu": (16, 32), "full": (64, 32)}[scale]
+
+
+def conv3x3(cin, cout, stride):
+    return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1, self.bn1 = conv3x3(cin, cout, stride), nn.BatchNorm2d(cout)
+        self.conv2, self.bn2 = conv3x3(cout, cout, 1), nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = self.bn2(self.conv2(h))
+        return F.relu(h + (self.downsample(x) if self.downsample is not None else x))
+
+
+class ResNet(nn.Module):
+    """ResNet-18's topology with the CIFAR stem (conv3x3, no max pool), widths w, 2w, 4w, 8w."""
+
+    def __init__(self, config):
+        super().__init__()
+        w, _ = config
+        self.conv1, self.bn1 = conv3x3(3, w, 1), nn.BatchNorm2d(w)
+        self.layer1 = self.stage(w, w, 1)
+        self.layer2 = self.stage(w, 2 * w, 2)
+        self.layer3 = self.stage(2 * w, 4 * w, 2)
+        self.layer4 = self.stage(4 * w, 8 * w, 2)
+        self.fc = nn.Linear(8 * w, 10)
+
+    @staticmethod
+    def stage(cin, cout, stride):
+        return nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = self.layer4(self.layer3(self.layer2(self.layer1(h))))
+        return self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1))
+
+
+def gpt_config(scale):  # (V, T, d, L, heads)
+    return {"tiny": (128, 16, 32, 1, 2), "cpu": (4096, 64, 192, 4, 6), "full": (8192, 256, 512, 8, 8)}[scale]
+
+
+class GptBlock(nn.Module):
+    """Pre-LN: x + proj(causal attention(ln1(x))), then x + fc2(gelu(fc1(ln2(x))))."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
+        h = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return h + self.fc2(F.gelu(self.fc1(self.ln2(h))))
+
+
+class Gpt(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        vocab, context, dim, layers, heads = config
+        self.tok_emb, self.pos_emb = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
+        self.blocks = nn.Sequential(*[GptBlock(dim, heads) for _ in range(layers)])
+        self.ln_f, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
+
+    def forward(self, tokens):  # [B,T] -> [B,T,V]
+        positions = torch.arange(tokens.size(1), device=tokens.device)
+        return self.head(self.ln_f(self.blocks(self.tok_emb(tokens) + self.pos_emb(positions))))
+
+
+def make_model(model, scale):
+    if model == "small":
+        return Mlp(mlp_dims(scale))
+    if model == "medium":
+        return ResNet(resnet_config(scale))
+    return Gpt(gpt_config(scale))
+
+
+def synthetic_batch(model, scale, batch, seed):
+    """The worker's batch, value for value (the same CPU generator and draws)."""
+    g = torch.Generator().manual_seed(seed)
+    if model == "small":
+        x = torch.randn(batch, 1, 28, 28, generator=g)
+        return x, torch.randint(0, 10, (batch,), generator=g)
+    if model == "medium":
+        _, image = resnet_config(scale)
+        x = torch.randn(batch, 3, image, image, generator=g)
+        return x, torch.randint(0, 10, (batch,), generator=g)
+    vocab, context, _, _, _ = gpt_config(scale)
+    seq = torch.randint(0, vocab, (batch, context + 1), generator=g)
+    return seq[:, :context].contiguous(), seq[:, 1:].contiguous()
+
+
+def loss_of(output, target):
+    """Cross entropy over the output flattened to [-1, classes] and the target to [-1]."""
+    return F.cross_entropy(output.reshape(-1, output.size(-1)), target.reshape(-1))
+
+
+# ---- the measurement ------------------------------------------------------------------------------
+
+
+class Loop:
+    """warmup + steps iterations; the timed ones' durations and their phases'. On CUDA every
+    phase and step ends with a synchronize."""
+
+    def __init__(self, a):
+        self.a = a
+        self.times, self.forward, self.backward, self.optimizer = [], [], [], []
+        self.timed = False
+
+    def sync(self):
+        if self.a.device == "cuda":
+            torch.cuda.synchronize()
+
+    def phase(self, into, f):
+        start = time.perf_counter()
+        out = f()
+        self.sync()
+        if self.timed:
+            into.append(time.perf_counter() - start)
+        return out
+
+    def run(self, step):
+        for i in range(self.a.warmup + self.a.steps):
+            self.timed = i >= self.a.warmup
+            start = time.perf_counter()
+            step()
+            self.sync()
+            if self.timed:
+                self.times.append(time.perf_counter() - start)
+        self.timed = False
+
+
+def ddp_buckets(model):
+    try:
+        return len(model.reducer._get_zeros_like_grad_buckets())
+    except Exception:  # private API: a count only, never worth a failed run
+        return 0
+
+
+class Measurement:
+    def __init__(self, a, rank, world):
+        self.a, self.rank, self.world = a, rank, world
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.cuda = a.device == "cuda"
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
+        self.versions = {"torch": torch.__version__}
+
+    def unsupported(self):
+        a = self.a
+        if self.cuda:
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if gpus == 0:
+                return "no CUDA device is visible"
+            if a.strategy == "dp" and a.replicas > gpus:
+                return f"{a.replicas} replicas need {a.replicas} GPUs, but {gpus} are visible"
+            if a.strategy != "dp" and self.local_rank >= gpus:
+                return f"LOCAL_RANK {self.local_rank} needs GPU {self.local_rank}, but {gpus} are visible"
+        if self.dtype is not None:
+            try:
+                with torch.autocast(a.device, dtype=self.dtype):
+                    pass
+            except Exception as e:  # noqa: BLE001
+                return f"autocast to {a.precision} on {a.device}: {str(e).splitlines()[0] if str(e) else e!r}"
+        return None
+
+    def emit_unsupported(self, reason):
+        if self.rank == 0:
+            emit(self.a, dict(record_head(self.a, self.world), unsupported=reason))
+        return 0
+
+    def run(self):
+        a = self.a
+        reason = self.unsupported()
+        if reason:
+            return self.emit_unsupported(reason)
+        torch.set_num_threads(a.threads)
+        if self.cuda:
+            torch.cuda.set_device(self.local_rank if a.strategy != "dp" else 0)
+        if a.strategy == "accelerate":
+            return self.run_accelerate()
+        dist = torch.distributed
+        if a.strategy in ("ddp", "ddp-no-sync"):
+            backend = "nccl" if self.cuda else "gloo"
+            if "MASTER_ADDR" in os.environ:
+                dist.init_process_group(backend, rank=self.rank, world_size=self.world)
+            else:  # alone, as a world of one (the Tandem worker does the same)
+                dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            result = self.measure()
+            self.report(result)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        return 0
+
+    def device(self):
+        if not self.cuda:
+            return torch.device("cpu")
+        return torch.device("cuda", 0 if self.a.strategy == "dp" else self.local_rank)
+
+    def setup(self):
+        """The model (seed 0), its counts, and this rank's batch on the device."""
+        a = self.a
+        torch.manual_seed(0)
+        net = make_model(a.model, a.scale)
+        params = sum(p.numel() for p in net.parameters())
+        grad_bytes = sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)  # fp32
+        samples = a.batch_size * a.replicas if a.strategy == "dp" else a.batch_size
+        x, y = synthetic_batch(a.model, a.scale, samples, 100 + self.rank)
+        return net, params, grad_bytes, x, y
+
+    def plain_step(self, loop, model, opt, scaler, x, y, no_sync=False):
+        opt.zero_grad()
+
+        def forward():
+            if self.dtype is None:
+                return loss_of(model(x), y)
+            with torch.autocast(self.a.device, dtype=self.dtype):
+                return loss_of(model(x), y)
+
+        def backward(loss):
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+
+        def step():
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+
+        if no_sync:
+            with model.no_sync():
+                loss = loop.phase(loop.forward, forward)
+                loop.phase(loop.backward, lambda: backward(loss))
+        else:
+            loss = loop.phase(loop.forward, forward)
+            loop.phase(loop.backward, lambda: backward(loss))
+        loop.phase(loop.optimizer, step)
+
+    def measure(self):
+        a = self.a
+        net, params, grad_bytes, x, y = self.setup()
+        device = self.device()
+        net.to(device)
+        x, y = x.to(device), y.to(device)
+        buckets = 0
+        if a.strategy == "single":
+            model = net
+        elif a.strategy == "dp":
+            model = nn.DataParallel(net, device_ids=list(range(a.replicas)))
+        else:
+            model = nn.parallel.DistributedDataParallel(net, device_ids=[self.local_rank] if self.cuda else None)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        scaler = torch.amp.GradScaler(a.device) if a.precision == "fp16" else None
+        loop = Loop(a)
+        no_sync = a.strategy == "ddp-no-sync"
+        loop.run(lambda: self.plain_step(loop, model, opt, scaler, x, y, no_sync))
+        if a.strategy in ("ddp", "ddp-no-sync"):
+            buckets = ddp_buckets(model)
+        devices = list(range(a.replicas)) if a.strategy == "dp" else None
+        return dict(loop=loop, params=params, grad_bytes=grad_bytes, buckets=buckets, devices=devices)
+
+    def run_accelerate(self):
+        """Hugging Face accelerate's loop: prepare, accumulate, backward, step, zero_grad."""
+        a = self.a
+        import accelerate
+        from accelerate import Accelerator
+
+        self.versions["accelerate"] = accelerate.__version__
+        mixed = {"fp32": "no"}.get(a.precision, a.precision)
+        try:
+            acc = Accelerator(cpu=not self.cuda, mixed_precision=mixed)
+        except ValueError as e:
+            return self.emit_unsupported(f"accelerate {accelerate.__version__}: {e}")
+        torch.set_num_threads(a.threads)  # accelerate sets its own when OMP_NUM_THREADS is unset
+        if a.precision != "fp32" and not acc.native_amp:
+            # accelerate accepts fp16 on CPU but then neither autocasts nor scales: it would run fp32.
+            return self.emit_unsupported(
+                f"accelerate {accelerate.__version__} on {acc.device.type} accepts mixed_precision='{mixed}' "
+                "but neither autocasts nor scales the loss: it would run fp32")
+        net, params, grad_bytes, x, y = self.setup()
+        model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+        x, y = x.to(acc.device), y.to(acc.device)
+        loop = Loop(a)
+
+        def step():
+            with acc.accumulate(model):
+                loss = loop.phase(loop.forward, lambda: loss_of(model(x), y))  # autocast inside
+                loop.phase(loop.backward, lambda: acc.backward(loss))
+
+                def optimize():
+                    opt.step()
+                    opt.zero_grad()
+
+                loop.phase(loop.optimizer, optimize)
+
+        loop.run(step)
+        buckets = ddp_buckets(model) if isinstance(model, nn.parallel.DistributedDataParallel) else 0
+        result = dict(loop=loop, params=params, grad_bytes=grad_bytes, buckets=buckets, devices=None)
+        mine = self.my_numbers(result)
+        gathered = acc.gather(mine.to(acc.device)).cpu().view(-1, mine.numel()) if self.world > 1 else mine.view(1, -1)
+        if acc.is_main_process:
+            emit(a, self.record(result, gathered))
+        acc.wait_for_everyone()
+        acc.end_training()
+        return 0
+
+    def my_numbers(self, result):
+        if self.cuda:
+            memory = torch.cuda.max_memory_allocated(self.device())
+        else:
+            memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+        return torch.tensor([percentile(result["loop"].times, 0.5), float(memory)], dtype=torch.float64)
+
+    def report(self, result):
+        """Every rank's p50 and memory reach rank 0, which emits the record."""
+        mine = self.my_numbers(result)
+        dist = torch.distributed
+        if dist.is_initialized() and self.world > 1:
+            mine = mine.to(self.device())  # NCCL gathers CUDA tensors only
+            gathered = [torch.zeros_like(mine) for _ in range(self.world)]
+            dist.all_gather(gathered, mine)
+            gathered = torch.stack([g.cpu() for g in gathered])
+        else:
+            gathered = mine.view(1, -1)
+        if self.rank == 0:
+            emit(self.a, self.record(result, gathered))
+        if dist.is_initialized():
+            dist.barrier()
+
+    def record(self, result, gathered):
+        a, loop = self.a, result["loop"]
+        peak = [int(g[1].item()) for g in gathered]
+        mem_kind = "cuda" if self.cuda else "rss"
+        if result["devices"] is not None:  # dp on CUDA: per device
+            peak = [torch.cuda.max_memory_allocated(d) for d in result["devices"]]
+        return dict(
+            record_head(a, self.world),
+            batch_per_device=a.batch_size, steps=a.steps, warmup=a.warmup, threads=a.threads,
+            params=result["params"], grad_bytes=result["grad_bytes"], buckets=result["buckets"],
+            p50_s=percentile(loop.times, 0.5), p95_s=percentile(loop.times, 0.95),
+            rank_p50_s=[g[0].item() for g in gathered],
+            forward_p50_s=percentile(loop.forward, 0.5), backward_p50_s=percentile(loop.backward, 0.5),
+            optimizer_p50_s=percentile(loop.optimizer, 0.5),
+            peak_mem_bytes=peak, mem_kind=mem_kind, versions=self.versions)
+
+
+def main(argv=None):
+    a = parse_flags(argv)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    reason = unsupported_without_torch(a, world)
+    if reason:
+        if rank == 0:
+            emit(a, dict(record_head(a, world), unsupported=reason))
+        return 0
+    return Measurement(a, rank, world).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

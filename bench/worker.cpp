@@ -1,0 +1,507 @@
+// tandem-bench-worker: one measurement of Tandem, run as every rank of a `tandem run` job (or
+// alone, as a world of one). `tandem bench` starts it; bench/peer.py is its PyTorch twin: the
+// same flags, the same models (bench/workloads.h), the same record.
+//
+//   tandem-bench-worker --model small|medium|large --scale tiny|cpu|full --strategy S
+//                       [--batch-size B] [--steps N] [--warmup K] [--threads T]
+//                       [--precision fp32|bf16|fp16] [--device cpu|cuda] [--replicas R]
+//                       [--sweep-max-bytes N] [--out FILE]
+//
+// Strategies: single (plain loop, world 1), ddp (DistributedDataParallel, synced every step),
+// ddp-no-sync (DDP with every step under no_sync: compute without communication), accelerate
+// (tandem::Accelerator, strategy Ddp), dp-replicate / dp-persistent (tandem::dp::DataParallel
+// over R replicas in one process), allreduce (the model's gradient bytes all-reduced through the
+// process group, in DDP's bucket layout and flat), sweep (all_reduce of 4 KiB, 16 KiB, ...
+// float32 buffers). `dp` (torch.nn.DataParallel) is the peer's alone.
+//
+// Every step: zero_grad, forward + loss (under autocast for bf16/fp16), backward (the loss
+// scaled by a GradScaler for fp16), optimizer step (SGD lr 0.01 momentum 0.9). One synthetic
+// batch per rank (seed 100 + rank) is made once and reused. Rank 0 gathers every rank's
+// numbers and writes ONE JSON line (record "tandem-bench-run/1") to --out (appended) or stdout.
+// A combination that cannot run gives the "unsupported" record and exit 0 on every rank; bad
+// flags one line on stderr and exit 2; a failure during the run one line and exit 1.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/optim/sgd.h>
+
+#include "tandem/accelerate/accelerator.h"
+#include "tandem/amp/autocast.h"
+#include "tandem/amp/grad_scaler.h"
+#include "tandem/comm/cuda_info.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/dp/data_parallel.h"
+#include "tandem/error.h"
+#include "tandem/version.h"
+#include "workloads.h"
+
+#ifdef TANDEM_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+using namespace tandem;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+constexpr const char* kRecord = "tandem-bench-run/1";
+
+struct Options {
+  std::string model = "small", scale = "cpu", strategy = "ddp", precision = "fp32", device = "cpu", out;
+  int64_t batch = 32;
+  int steps = 20, warmup = 3, threads = 1, replicas = 2;
+  int64_t sweep_max_bytes = int64_t{64} << 20;
+
+  bool cuda() const { return device == "cuda"; }
+  bool dp() const { return strategy == "dp-replicate" || strategy == "dp-persistent"; }
+};
+
+// ---- timing ------------------------------------------------------------------------------------
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+/// Linear-interpolated percentile (numpy's default), p in [0, 1].
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const double pos = p * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+void cuda_synchronize() {
+#ifdef TANDEM_HAVE_CUDA
+  c10::cuda::device_synchronize();
+#endif
+}
+
+int64_t cuda_peak_bytes(int device) {
+#ifdef TANDEM_HAVE_CUDA
+  using c10::CachingDeviceAllocator::StatType;
+  auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  return stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux: KiB
+}
+
+/// warmup + steps iterations of a step; the timed ones' durations, and their phases'. On CUDA
+/// every phase and step ends with a device synchronize, so the times are the device's.
+struct Loop {
+  const Options& o;
+  std::vector<double> times, forward, backward, optimizer;
+  bool timed = false;
+
+  explicit Loop(const Options& options) : o(options) {}
+  void sync() const {
+    if (o.cuda()) cuda_synchronize();
+  }
+  template <typename F>
+  void phase(std::vector<double>& into, F&& f) {
+    const auto start = Clock::now();
+    f();
+    sync();
+    if (timed) into.push_back(seconds_since(start));
+  }
+  template <typename Step>
+  void run(Step&& step) {
+    for (int i = 0; i < o.warmup + o.steps; ++i) {
+      timed = i >= o.warmup;
+      const auto start = Clock::now();
+      step();
+      sync();
+      if (timed) times.push_back(seconds_since(start));
+    }
+    timed = false;
+  }
+};
+
+// ---- what one measurement produces -------------------------------------------------------------
+
+struct Result {
+  std::vector<double> times, forward, backward, optimizer;
+  int64_t params = 0, grad_bytes = 0, buckets = 0;
+  std::vector<int64_t> replica_bytes;  // dp-* on CPU: memory_report() totals
+  std::vector<int64_t> device_bytes;   // dp-* on CUDA: each device's allocator peak
+  std::optional<double> allreduce_p50, flat_allreduce_p50;
+  std::optional<Json> sweep;
+
+  void take(Loop& loop) {
+    times = std::move(loop.times);
+    forward = std::move(loop.forward);
+    backward = std::move(loop.backward);
+    optimizer = std::move(loop.optimizer);
+  }
+};
+
+std::optional<at::ScalarType> autocast_dtype(const Options& o) {
+  if (o.precision == "bf16") return at::kBFloat16;
+  if (o.precision == "fp16") return at::kHalf;
+  return std::nullopt;
+}
+
+c10::DeviceType device_type(const Options& o) { return o.cuda() ? c10::DeviceType::CUDA : c10::DeviceType::CPU; }
+
+torch::optim::SGD make_sgd(std::vector<at::Tensor> params) {
+  return torch::optim::SGD(std::move(params), torch::optim::SGDOptions(0.01).momentum(0.9));
+}
+
+/// One training step of a plain loop (single, ddp, ddp-no-sync, dp-*): zero_grad, forward and
+/// loss under autocast, backward (scaled for fp16), step. `forward` runs the model on the batch.
+template <typename Forward>
+void plain_step(const Options& o, Loop& loop, torch::optim::Optimizer& opt, amp::GradScaler* scaler,
+                const at::Tensor& y, Forward&& forward) {
+  opt.zero_grad();
+  at::Tensor loss;
+  loop.phase(loop.forward, [&] {
+    std::optional<amp::AutocastScope> autocast;
+    if (auto dtype = autocast_dtype(o)) autocast.emplace(device_type(o), *dtype);
+    loss = bench::loss_of(forward(), y);
+  });
+  loop.phase(loop.backward, [&] {
+    if (scaler) {
+      scaler->scale(loss).backward();
+    } else {
+      loss.backward();
+    }
+  });
+  loop.phase(loop.optimizer, [&] {
+    if (scaler) {
+      scaler->step(opt);
+      scaler->update();
+    } else {
+      opt.step();
+    }
+  });
+}
+
+std::optional<amp::GradScaler> make_scaler(const Options& o) {
+  // No process group: torch.amp.GradScaler (the peer's) does not all-reduce found-inf either.
+  if (o.precision == "fp16") return std::make_optional<amp::GradScaler>();
+  return std::nullopt;
+}
+
+template <typename Holder>
+Result measure(const Options& o, const comm::World& world, const std::shared_ptr<comm::ProcessGroup>& pg,
+               const std::function<Holder()>& make) {
+  Result r;
+  torch::manual_seed(0);
+  Holder net = make();
+  for (const auto& p : net->parameters()) {
+    r.params += p.numel();
+    if (p.requires_grad()) r.grad_bytes += p.numel() * static_cast<int64_t>(at::elementSize(at::kFloat));
+  }
+  const c10::Device device =
+      o.cuda() ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(o.dp() ? 0 : world.local_rank)) : c10::kCPU;
+  const int64_t samples = o.dp() ? o.batch * o.replicas : o.batch;  // DP: B per replica
+  auto [x_cpu, y_cpu] = bench::synthetic_batch(o.model, o.scale, samples, 100 + static_cast<uint64_t>(world.rank));
+  const at::Tensor x = x_cpu.to(device), y = y_cpu.to(device);
+  auto scaler = make_scaler(o);
+  amp::GradScaler* scaler_ptr = scaler ? &*scaler : nullptr;
+  Loop loop(o);
+
+  if (o.strategy == "single") {
+    net->to(device);
+    auto opt = make_sgd(net->parameters());
+    loop.run([&] { plain_step(o, loop, opt, scaler_ptr, y, [&] { return net->forward(x); }); });
+  } else if (o.strategy == "ddp" || o.strategy == "ddp-no-sync") {
+    net->to(device);
+    ddp::DistributedDataParallel model(net, pg);
+    auto opt = make_sgd(model->parameters());
+    const bool sync = o.strategy == "ddp";
+    loop.run([&] {
+      std::optional<ddp::NoSyncGuard> no_sync;
+      if (!sync) no_sync.emplace(model->no_sync());
+      plain_step(o, loop, opt, scaler_ptr, y, [&] { return model->forward(x); });
+    });
+    r.buckets = static_cast<int64_t>(model->reducer().buckets().size());
+  } else if (o.strategy == "accelerate") {
+    const Precision precision =
+        o.precision == "bf16" ? Precision::Bf16 : (o.precision == "fp16" ? Precision::Fp16 : Precision::No);
+    Accelerator acc(pg, AcceleratorOptions().strategy(Strategy::Ddp).mixed_precision(precision).progress(false));
+    auto model = acc.prepare_model(net);
+    auto opt = make_sgd(model->parameters());
+    acc.prepare_optimizer(opt);
+    const at::Tensor xa = x.to(acc.device()), ya = y.to(acc.device());
+    loop.run([&] {
+      auto sync = acc.accumulate(model);
+      at::Tensor loss;
+      loop.phase(loop.forward, [&] { loss = bench::loss_of(model->forward(xa), ya); });  // autocast inside
+      loop.phase(loop.backward, [&] { acc.backward(loss); });
+      loop.phase(loop.optimizer, [&] {
+        acc.step(opt);
+        acc.zero_grad(opt);
+      });
+    });
+    auto children = model->named_children();
+    if (const auto* wrapper = children.find("wrapper")) {
+      if (auto ddp = std::dynamic_pointer_cast<ddp::DistributedDataParallelImpl<Holder>>(*wrapper)) {
+        r.buckets = static_cast<int64_t>(ddp->reducer().buckets().size());
+      }
+    }
+  } else if (o.dp()) {
+    std::vector<c10::Device> devices;
+    for (int k = 0; k < o.replicas; ++k) {
+      devices.push_back(o.cuda() ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(k)) : c10::Device(c10::kCPU));
+    }
+    const auto mode = o.strategy == "dp-replicate" ? dp::Mode::Replicate : dp::Mode::Persistent;
+    auto options = dp::DataParallelOptions().devices(devices).mode(mode);
+    std::optional<torch::optim::SGD> opt;
+    {
+      // Timed without the allocation tracker: tracking never slows the timed steps.
+      dp::DataParallel model(net, dp::DataParallelOptions(options).track_cpu_memory(false), make);
+      opt.emplace(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+      loop.run([&] { plain_step(o, loop, *opt, scaler_ptr, y, [&] { return model->forward(x); }); });
+    }
+    if (o.cuda()) {
+      for (int k = 0; k < o.replicas; ++k) r.device_bytes.push_back(cuda_peak_bytes(k));
+    } else {
+      // A short separate phase, untimed, with the tracker on: each replica's memory.
+      dp::DataParallel model(net, dp::DataParallelOptions(options).track_cpu_memory(true), make);
+      model->reset_memory_peaks();
+      Loop untimed(o);
+      for (int i = 0; i < 2; ++i) plain_step(o, untimed, *opt, scaler_ptr, y, [&] { return model->forward(x); });
+      auto report = model->memory_report();
+      report.add_optimizer(*opt);
+      for (const auto& replica : report.replicas) r.replica_bytes.push_back(replica.total());
+    }
+  } else if (o.strategy == "allreduce") {
+    // DDP's bucket layout, learnt from two synced steps (the buckets are rebuilt after the
+    // first), untimed; then the same bytes all-reduced without any model.
+    net->to(device);
+    std::vector<int64_t> bucket_bytes;
+    {
+      ddp::DistributedDataParallel model(net, pg);
+      auto opt = make_sgd(model->parameters());
+      Options probe = o;
+      probe.warmup = 2;
+      probe.steps = 0;
+      Loop untimed(probe);
+      untimed.run([&] { plain_step(probe, untimed, opt, nullptr, y, [&] { return model->forward(x); }); });
+      const auto& params = model->reducer().parameters();
+      for (const auto& bucket : model->reducer().buckets()) {
+        int64_t bytes = 0;
+        for (size_t index : bucket.parameters) bytes += params[index].numel() * 4;
+        bucket_bytes.push_back(bytes);
+      }
+    }
+    r.buckets = static_cast<int64_t>(bucket_bytes.size());
+    auto time_allreduce = [&](const std::vector<int64_t>& layout) {
+      std::vector<at::Tensor> tensors;
+      for (int64_t bytes : layout) tensors.push_back(at::ones({bytes / 4}, at::TensorOptions().device(device)));
+      Loop l(o);
+      l.run([&] {
+        std::vector<c10::intrusive_ptr<c10d::Work>> works;
+        for (auto& t : tensors) works.push_back(pg->all_reduce_async(t));
+        for (auto& w : works) pg->wait(w, "benchmark all_reduce");
+      });
+      return l.times;
+    };
+    auto flat = time_allreduce({r.grad_bytes});
+    r.times = time_allreduce(bucket_bytes);
+    r.allreduce_p50 = percentile(r.times, 0.5);
+    r.flat_allreduce_p50 = percentile(flat, 0.5);
+  }
+  if (o.strategy != "allreduce") r.take(loop);
+  return r;
+}
+
+/// all_reduce of float32 buffers of 4 KiB, 16 KiB, ... up to --sweep-max-bytes; no model. The
+/// record's step times are those of the largest size.
+Result sweep(const Options& o, const std::shared_ptr<comm::ProcessGroup>& pg, const comm::World& world) {
+  Result r;
+  r.sweep = Json::array();
+  const c10::Device device = o.cuda() ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank))
+                                      : c10::Device(c10::kCPU);
+  for (int64_t bytes = 4096; bytes <= o.sweep_max_bytes; bytes *= 4) {
+    at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().device(device));
+    Loop loop(o);
+    loop.run([&] { pg->wait(pg->all_reduce_async(t), "benchmark sweep all_reduce"); });
+    r.sweep->push_back(Json{{"bytes", bytes}, {"p50_s", percentile(loop.times, 0.5)}});
+    r.times = std::move(loop.times);
+  }
+  return r;
+}
+
+// ---- the record --------------------------------------------------------------------------------
+
+/// Devices used: the replicas for dp-* (and the peer's dp), else the ranks.
+int record_world(const Options& o, const comm::World& world) {
+  return o.dp() || o.strategy == "dp" ? o.replicas : world.world_size;
+}
+
+Json record_head(const Options& o, const comm::World& world) {
+  return Json{{"record", kRecord},       {"impl", "tandem"},          {"model", o.model},
+              {"scale", o.scale},        {"strategy", o.strategy},    {"device", o.device},
+              {"precision", o.precision}, {"world", record_world(o, world)}};
+}
+
+void emit(const Options& o, const Json& record) {
+  const std::string line = record.dump() + "\n";
+  if (o.out.empty()) {
+    std::fputs(line.c_str(), stdout);
+    std::fflush(stdout);
+  } else {
+    std::ofstream file(o.out, std::ios::app);
+    file << line;
+    if (!file.flush()) throw Error("cannot append to " + o.out);
+  }
+}
+
+/// Why this combination cannot run here, or nothing. Decided alike on every rank, before any
+/// collective, so every rank exits 0 together.
+std::optional<std::string> unsupported(const Options& o, const comm::World& world) {
+  if (o.strategy == "dp") {
+    return "dp is torch.nn.DataParallel (the PyTorch peer's); Tandem's DataParallel is measured as dp-replicate "
+           "(PyTorch's semantics) and dp-persistent";
+  }
+  if ((o.strategy == "single" || o.dp()) && world.world_size > 1) {
+    return o.strategy + " runs in one process, but " + std::to_string(world.world_size) + " were launched";
+  }
+  if (o.cuda()) {
+    if (!built_with_cuda()) return std::string("this tandem-bench-worker was built without CUDA");
+    const int gpus = comm::cuda_device_count();
+    if (gpus == 0) return std::string("no CUDA device is visible");
+    if (o.dp() && o.replicas > gpus) {
+      return std::to_string(o.replicas) + " replicas need " + std::to_string(o.replicas) + " GPUs, but " +
+             std::to_string(gpus) + " are visible";
+    }
+    if (!o.dp() && world.local_rank >= gpus) {
+      return "LOCAL_RANK " + std::to_string(world.local_rank) + " needs GPU " + std::to_string(world.local_rank) +
+             ", but " + std::to_string(gpus) + " are visible";
+    }
+  }
+  if (auto dtype = autocast_dtype(o)) {
+    try {
+      amp::AutocastScope probe(device_type(o), *dtype);
+    } catch (const std::exception& e) {
+      return "autocast to " + o.precision + " on " + o.device + ": " + one_line(e);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"tandem-bench-worker: one measurement of Tandem (started by `tandem bench` through `tandem run`)"};
+  app.add_option("--model", o.model)->check(CLI::IsMember({"small", "medium", "large"}));
+  app.add_option("--scale", o.scale)->check(CLI::IsMember({"tiny", "cpu", "full"}));
+  app.add_option("--strategy", o.strategy)
+      ->check(CLI::IsMember(
+          {"single", "ddp", "ddp-no-sync", "accelerate", "dp-replicate", "dp-persistent", "dp", "allreduce", "sweep"}));
+  app.add_option("--batch-size", o.batch, "samples per device")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--steps", o.steps, "timed steps")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::Range(0, 1 << 30));
+  app.add_option("--threads", o.threads, "intra-op threads of this process")->check(CLI::Range(1, 4096));
+  app.add_option("--precision", o.precision)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--device", o.device)->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--replicas", o.replicas, "dp-*: replicas (devices)")->check(CLI::Range(1, 4096));
+  app.add_option("--sweep-max-bytes", o.sweep_max_bytes, "sweep: largest buffer")->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
+  app.add_option("--out", o.out, "append the record here (default: stdout)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "tandem-bench-worker: %s\n", e.what());
+    return 2;
+  }
+  try {
+    // A CPU measurement sees no GPU (accelerate's cpu=True): the Accelerator then picks the CPU.
+    if (!o.cuda()) setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    const comm::World world = comm::World::from_env();
+    if (auto reason = unsupported(o, world)) {
+      if (world.is_main()) {
+        Json record = record_head(o, world);
+        record["unsupported"] = *reason;
+        emit(o, record);
+      }
+      return 0;
+    }
+    at::set_num_threads(o.threads);
+    if (o.cuda()) comm::bind_cuda_device(world.local_rank);
+    auto pg = comm::ProcessGroup::create(world, comm::ProcessGroupOptions().use_nccl(o.cuda()));
+
+    Result r;
+    if (o.strategy == "sweep") {
+      r = sweep(o, pg, world);
+    } else if (o.model == "small") {
+      const auto dims = bench::mlp_dims(o.scale);
+      r = measure<bench::Mlp>(o, world, pg, [dims] { return bench::Mlp(dims); });
+    } else if (o.model == "medium") {
+      const auto config = bench::resnet_config(o.scale);
+      r = measure<bench::ResNet>(o, world, pg, [config] { return bench::ResNet(config); });
+    } else {
+      const auto config = bench::gpt_config(o.scale);
+      r = measure<bench::Gpt>(o, world, pg, [config] { return bench::Gpt(config); });
+    }
+
+    // Every rank's p50 and memory reach rank 0.
+    const double p50 = percentile(r.times, 0.5);
+    const double memory = o.cuda() ? static_cast<double>(cuda_peak_bytes(world.local_rank))
+                                   : static_cast<double>(peak_rss_bytes());
+    auto all = pg->all_gather(at::tensor({p50, memory}, at::kDouble));
+    if (world.is_main()) {
+      Json rank_p50 = Json::array(), peak = Json::array();
+      for (const auto& t : all) {
+        rank_p50.push_back(t[0].item<double>());
+        peak.push_back(static_cast<int64_t>(t[1].item<double>()));
+      }
+      std::string mem_kind = o.cuda() ? "cuda" : "rss";
+      if (o.dp()) {
+        peak = Json::array();
+        for (int64_t bytes : o.cuda() ? r.device_bytes : r.replica_bytes) peak.push_back(bytes);
+        if (!o.cuda()) mem_kind = "replica";
+      }
+      Json record = record_head(o, world);
+      record["batch_per_device"] = o.batch;
+      record["steps"] = o.steps;
+      record["warmup"] = o.warmup;
+      record["threads"] = o.threads;
+      record["params"] = r.params;
+      record["grad_bytes"] = r.grad_bytes;
+      record["buckets"] = r.buckets;
+      record["p50_s"] = p50;
+      record["p95_s"] = percentile(r.times, 0.95);
+      record["rank_p50_s"] = rank_p50;
+      record["forward_p50_s"] = percentile(r.forward, 0.5);
+      record["backward_p50_s"] = percentile(r.backward, 0.5);
+      record["optimizer_p50_s"] = percentile(r.optimizer, 0.5);
+      record["peak_mem_bytes"] = peak;
+      record["mem_kind"] = mem_kind;
+      if (r.allreduce_p50) record["allreduce_p50_s"] = *r.allreduce_p50;
+      if (r.flat_allreduce_p50) record["flat_allreduce_p50_s"] = *r.flat_allreduce_p50;
+      if (r.sweep) record["sweep"] = *r.sweep;
+      record["versions"] = Json{{"torch", built_with_torch_version()}, {"tandem", version()}};
+      emit(o, record);
+    }
+    pg->barrier();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem-bench-worker: %s\n", one_line(e).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# worker_records.sh TANDEM_CLI WORKER PEER PYTHON
+# The two benchmark workers `tandem bench` starts (tandem-bench-worker and peer.py), at --scale
+# tiny, 2 timed steps after 1 warmup: every strategy of each at world 1 and 2 (ranks through
+# `TANDEM_CLI run --nproc-per-node N`; replicas for dp-*/dp), the three models in turn, plus a
+# few precisions. Then PYTHON judges the records: each parses and has the fields of
+# "tandem-bench-run/1"; every run exits 0, the unsupported ones with exactly the unsupported
+# record; Tandem's and PyTorch's "params" and "grad_bytes" are equal for each model (the two
+# definitions of a model match); bad flags exit 2 with one line on stderr.
+# Exit 77 (ctest: skipped) only when PYTHON cannot import torch.
+set -u
+cli="$1"; worker="$2"; peer="$3"; python="$4"
+if ! "$python" -c "import torch" 2>/dev/null; then
+  echo "SKIPPED: $python cannot import torch (scripts/setup installs the torch wheel into .venv)"
+  exit 77
+fi
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+export OMP_NUM_THREADS=1
+common=(--scale tiny --steps 2 --warmup 1 --batch-size 2 --threads 1 --sweep-max-bytes 16384)
+n=0
+failed=0
+# run IMPL NPROC MODEL STRATEGY [FLAGS...]: one measurement; its record goes to $dir/$n.jsonl and
+# what was asked to $dir/plan.tsv.
+run() {
+  local impl="$1" nproc="$2" model="$3" strategy="$4"; shift 4
+  n=$((n + 1))
+  local cmd=("$worker")
+  [[ "$impl" == pytorch ]] && cmd=("$python" "$peer")
+  if ! "$cli" run --nproc-per-node "$nproc" -- "${cmd[@]}" --model "$model" --strategy "$strategy" \
+      "${common[@]}" "$@" --out "$dir/$n.jsonl" >"$dir/$n.log" 2>&1; then
+    echo "FAILED (exit $?): $impl nproc $nproc $model $strategy $*"
+    tail -n 20 "$dir/$n.log"
+    failed=1
+  fi
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$impl" "$nproc" "$model" "$strategy" "$*" >>"$dir/plan.tsv"
+}
+
+start=$SECONDS
+# Every strategy of each impl at world 1 and 2; the model rotates with the strategy and the world
+# (the same model for both impls, so each model meets both impls in several strategies): the whole
+# product of 3 models took 190 s on 2 cores. TANDEM_BENCH_TEST_ALL_MODELS=1 runs the product.
+models=(small medium large)
+strategies=(single ddp ddp-no-sync accelerate dp-replicate dp-persistent dp allreduce sweep)
+for i in "${!strategies[@]}"; do
+  strategy="${strategies[$i]}"
+  for world in 1 2; do
+    [[ "$strategy" == single && $world -eq 2 ]] && continue
+    chosen=("${models[$(((i + world) % 3))]}")
+    [[ "${TANDEM_BENCH_TEST_ALL_MODELS:-0}" == 1 ]] && chosen=("${models[@]}")
+    for model in "${chosen[@]}"; do
+      for impl in tandem pytorch; do
+        case "$strategy" in
+          dp*) run "$impl" 1 "$model" "$strategy" --replicas "$world" ;;
+          *) run "$impl" "$world" "$model" "$strategy" ;;
+        esac
+      done
+    done
+  done
+done
+# A plain loop launched twice over (unsupported), and the precisions: fp16 (autocast and a
+# GradScaler) under DDP, bf16 through the Accelerator and across DataParallel's replica threads;
+# accelerate on CPU ignores fp16, so the peer calls it unsupported.
+for impl in tandem pytorch; do
+  run "$impl" 2 small single
+  run "$impl" 2 medium ddp --precision fp16
+done
+run tandem 1 large accelerate --precision bf16
+run pytorch 1 large accelerate --precision fp16
+run tandem 1 medium dp-persistent --precision bf16 --replicas 2
+echo "$n measurements in $((SECONDS - start)) s"
+
+# Bad flags: one line on stderr, exit 2.
+for cmd in "$worker" "$python $peer"; do
+  $cmd --model huge >"$dir/bad.out" 2>"$dir/bad.err"
+  rc=$?
+  if [[ $rc -ne 2 || $(wc -l <"$dir/bad.err") -ne 1 ]]; then
+    echo "FAILED: '$cmd --model huge' exited $rc with stderr:"; cat "$dir/bad.err"; failed=1
+  fi
+done
+
+"$python" - "$dir" <<'EOF' || failed=1
+import json, os, sys
+
+d = sys.argv[1]
+RECORD = "tandem-bench-run/1"
+HEAD = ["record", "impl", "model", "scale", "strategy", "device", "precision", "world"]
+FIELDS = HEAD + ["batch_per_device", "steps", "warmup", "threads", "params", "grad_bytes", "buckets", "p50_s",
+                 "p95_s", "rank_p50_s", "forward_p50_s", "backward_p50_s", "optimizer_p50_s", "peak_mem_bytes",
+                 "mem_kind", "versions"]
+errors, counts = [], {}
+
+
+def expect_unsupported(impl, nproc, strategy, flags):
+    if strategy in ("single", "dp-replicate", "dp-persistent", "dp") and nproc > 1:
+        return True
+    if impl == "tandem":
+        return strategy == "dp"
+    if strategy in ("dp-replicate", "dp-persistent", "allreduce", "sweep", "dp"):  # dp: on CPU
+        return True
+    return strategy == "accelerate" and "fp16" in flags  # accelerate on CPU ignores fp16
+
+
+for line in open(os.path.join(d, "plan.tsv")):
+    n, impl, nproc, model, strategy, flags = line.rstrip("\n").split("\t")
+    nproc, what = int(nproc), f"#{n} {impl} nproc {nproc} {model} {strategy} {flags}".strip()
+    path = os.path.join(d, f"{n}.jsonl")
+    lines = open(path).read().splitlines() if os.path.exists(path) else []
+    if len(lines) != 1:
+        errors.append(f"{what}: {len(lines)} record lines, expected 1")
+        continue
+    try:
+        r = json.loads(lines[0])
+    except ValueError as e:
+        errors.append(f"{what}: not JSON ({e}): {lines[0][:200]}")
+        continue
+    replicas = int(flags.split("--replicas ")[1].split()[0]) if "--replicas" in flags else 2
+    precision = flags.split("--precision ")[1].split()[0] if "--precision" in flags else "fp32"
+    dp = strategy in ("dp-replicate", "dp-persistent", "dp")
+    world = replicas if dp else nproc
+    head = dict(record=RECORD, impl=impl, model=model, scale="tiny", strategy=strategy, device="cpu",
+                precision=precision, world=world)
+    for k, v in head.items():
+        if r.get(k) != v:
+            errors.append(f"{what}: {k} is {r.get(k)!r}, expected {v!r}")
+    if expect_unsupported(impl, nproc, strategy, flags):
+        if set(r) != set(HEAD) | {"unsupported"}:
+            errors.append(f"{what}: expected exactly the unsupported record, got keys {sorted(r)}")
+        elif not isinstance(r["unsupported"], str) or not r["unsupported"] or "\n" in r["unsupported"]:
+            errors.append(f"{what}: 'unsupported' is not a one-line reason: {r['unsupported']!r}")
+        continue
+    if "unsupported" in r:
+        errors.append(f"{what}: unexpectedly unsupported: {r['unsupported']}")
+        continue
+    missing = [k for k in FIELDS if k not in r]
+    if missing:
+        errors.append(f"{what}: missing {missing}")
+        continue
+    ranks = 1 if dp else nproc
+    raw = strategy in ("allreduce", "sweep")
+    checks = {
+        "batch_per_device == 2": r["batch_per_device"] == 2,
+        "steps == 2, warmup == 1, threads == 1": (r["steps"], r["warmup"], r["threads"]) == (2, 1, 1),
+        "params a positive int (0 for sweep)": isinstance(r["params"], int) and
+            (r["params"] == 0 if strategy == "sweep" else r["params"] > 0),
+        "grad_bytes == 4 * params": r["grad_bytes"] == 4 * r["params"],
+        # Both Accelerators wrap DDP even at world 1 under a launcher (accelerate: MASTER_ADDR set).
+        "buckets > 0 exactly under DDP": isinstance(r["buckets"], int) and
+            (r["buckets"] > 0) == (strategy in ("ddp", "ddp-no-sync", "accelerate", "allreduce")),
+        "0 < p50_s <= p95_s": 0 < r["p50_s"] <= r["p95_s"],
+        "rank_p50_s: one positive per rank, rank 0's first": len(r["rank_p50_s"]) == ranks and
+            all(t > 0 for t in r["rank_p50_s"]) and r["rank_p50_s"][0] == r["p50_s"],
+        "phases positive (0 for allreduce/sweep)": all(
+            (r[k] == 0) if raw else (r[k] > 0) for k in ("forward_p50_s", "backward_p50_s", "optimizer_p50_s")),
+        "peak_mem_bytes: one positive int per device": len(r["peak_mem_bytes"]) == world and
+            all(isinstance(b, int) and b > 0 for b in r["peak_mem_bytes"]),
+        "mem_kind": r["mem_kind"] == ("replica" if dp else "rss"),
+        "versions.torch": isinstance(r["versions"], dict) and r["versions"].get("torch"),
+        "versions.accelerate on the peer's accelerate": (impl != "pytorch" or strategy != "accelerate") or
+            bool(r["versions"].get("accelerate")),
+        "allreduce_p50_s and flat_allreduce_p50_s exactly for allreduce":
+            all(((k in r) and r[k] > 0) == (strategy == "allreduce")
+                for k in ("allreduce_p50_s", "flat_allreduce_p50_s")),
+        "sweep: 4096 and 16384 bytes exactly for sweep": ("sweep" in r) == (strategy == "sweep") and
+            (strategy != "sweep" or ([s["bytes"] for s in r["sweep"]] == [4096, 16384] and
+                                     all(s["p50_s"] > 0 for s in r["sweep"]))),
+    }
+    for name, ok in checks.items():
+        if not ok:
+            errors.append(f"{what}: {name}: {lines[0][:400]}")
+    if strategy != "sweep":
+        counts.setdefault(model, {}).setdefault((r["params"], r["grad_bytes"]), set()).add(impl)
+
+# The oracle: both definitions of each model have the same parameters.
+for model in ("small", "medium", "large"):
+    seen = counts.get(model, {})
+    impls = set().union(*seen.values()) if seen else set()
+    if len(seen) != 1 or impls != {"tandem", "pytorch"}:
+        errors.append(f"{model}: (params, grad_bytes) differ or lack an impl: "
+                      f"{ {k: sorted(v) for k, v in seen.items()} }")
+    else:
+        print(f"{model}: params {next(iter(seen))[0]}, grad_bytes {next(iter(seen))[1]} (tandem = pytorch)")
+for e in errors:
+    print("FAILED:", e)
+sys.exit(1 if errors else 0)
+EOF
+if [[ $failed -ne 0 ]]; then
+  exit 1
+fi
+echo "PASSED: every record of $n measurements"
