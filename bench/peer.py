@@ -72,7 +72,8 @@ def record_world(a, world):
 
 def record_head(a, world):
     return {"record": RECORD, "impl": "pytorch", "model": a.model, "scale": a.scale, "strategy": a.strategy,
-            "device": a.device, "precision": a.precision, "world": record_world(a, world)}
+            "device": a.device, "precision": a.precision, "world": record_world(a, world),
+            "nodes": max(1, world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))}
 
 
 def emit(a, record):

@@ -143,6 +143,7 @@ struct Loop {
 struct Result {
   std::vector<double> times, forward, backward, optimizer;
   int64_t params = 0, grad_bytes = 0, buckets = 0;
+  std::vector<int64_t> bucket_bytes;  // DDP's buckets in launch order (the projection's input)
   std::vector<int64_t> replica_bytes;  // dp-* on CPU: memory_report() totals
   std::vector<int64_t> device_bytes;   // dp-* on CUDA: each device's allocator peak
   std::optional<double> allreduce_p50, flat_allreduce_p50;
@@ -203,6 +204,19 @@ std::optional<amp::GradScaler> make_scaler(const Options& o) {
   return std::nullopt;
 }
 
+// DDP's buckets in float32 bytes, in the order the reducer launches them.
+template <typename Model>
+std::vector<int64_t> bucket_layout(Model& model) {
+  std::vector<int64_t> out;
+  const auto& params = model.reducer().parameters();
+  for (const auto& bucket : model.reducer().buckets()) {
+    int64_t bytes = 0;
+    for (size_t index : bucket.parameters) bytes += params[index].numel() * 4;
+    out.push_back(bytes);
+  }
+  return out;
+}
+
 template <typename Holder>
 Result measure(const Options& o, const comm::World& world, const std::shared_ptr<comm::ProcessGroup>& pg,
                const std::function<Holder()>& make) {
@@ -236,7 +250,8 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
       if (!sync) no_sync.emplace(model->no_sync());
       plain_step(o, loop, opt, scaler_ptr, y, [&] { return model->forward(x); });
     });
-    r.buckets = static_cast<int64_t>(model->reducer().buckets().size());
+    r.bucket_bytes = bucket_layout(*model);
+    r.buckets = static_cast<int64_t>(r.bucket_bytes.size());
   } else if (o.strategy == "accelerate") {
     const Precision precision =
         o.precision == "bf16" ? Precision::Bf16 : (o.precision == "fp16" ? Precision::Fp16 : Precision::No);
@@ -300,14 +315,10 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
       probe.steps = 0;
       Loop untimed(probe);
       untimed.run([&] { plain_step(probe, untimed, opt, nullptr, y, [&] { return model->forward(x); }); });
-      const auto& params = model->reducer().parameters();
-      for (const auto& bucket : model->reducer().buckets()) {
-        int64_t bytes = 0;
-        for (size_t index : bucket.parameters) bytes += params[index].numel() * 4;
-        bucket_bytes.push_back(bytes);
-      }
+      bucket_bytes = bucket_layout(*model);
     }
     r.buckets = static_cast<int64_t>(bucket_bytes.size());
+    r.bucket_bytes = bucket_bytes;
     auto time_allreduce = [&](const std::vector<int64_t>& layout) {
       std::vector<at::Tensor> tensors;
       for (int64_t bytes : layout) tensors.push_back(at::ones({bytes / 4}, at::TensorOptions().device(device)));
@@ -355,7 +366,9 @@ int record_world(const Options& o, const comm::World& world) {
 Json record_head(const Options& o, const comm::World& world) {
   return Json{{"record", kRecord},       {"impl", "tandem"},          {"model", o.model},
               {"scale", o.scale},        {"strategy", o.strategy},    {"device", o.device},
-              {"precision", o.precision}, {"world", record_world(o, world)}};
+              {"precision", o.precision}, {"world", record_world(o, world)},
+              // Several nodes: the projection validates inter-node predictions with these runs.
+              {"nodes", std::max(1, world.world_size / std::max(1, world.local_world_size))}};
 }
 
 void emit(const Options& o, const Json& record) {
@@ -484,6 +497,7 @@ int main(int argc, char** argv) {
       record["params"] = r.params;
       record["grad_bytes"] = r.grad_bytes;
       record["buckets"] = r.buckets;
+      record["bucket_bytes"] = r.bucket_bytes;
       record["p50_s"] = p50;
       record["p95_s"] = percentile(r.times, 0.95);
       record["rank_p50_s"] = rank_p50;

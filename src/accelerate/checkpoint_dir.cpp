@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "accelerate/durable_io.h"
+#include "common/durable_io.h"
 #include "tandem/error.h"
 
 namespace tandem::accelerate {

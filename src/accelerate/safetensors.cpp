@@ -14,7 +14,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include "accelerate/durable_io.h"
+#include "common/durable_io.h"
 #include "tandem/error.h"
 
 // The format is little-endian on disk; tensors are copied byte for byte.

@@ -24,6 +24,9 @@ Command add_run_command(CLI::App& app, const std::vector<std::string>& after_sep
 /// returned command replaces this process with the helper.
 Command add_helper_command(CLI::App& app, const std::string& name, const std::string& description);
 Command add_env_command(CLI::App& app);
+/// `tandem bench` (argv: the whole command line, recorded in results.json) and `tandem report`.
+Command add_bench_command(CLI::App& app, int argc, char** argv);
+Command add_report_command(CLI::App& app);
 
 /// Parses argv and runs the chosen subcommand; the exit code of `tandem` and `tandem-torch`
 /// (0 success, 1 a worker or the job failed, 2 bad input, 128+N stopped by signal N).

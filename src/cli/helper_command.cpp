@@ -1,34 +1,21 @@
 // Forwarding a subcommand to `tandem-torch` (Note [Two binaries]).
-#include <limits.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "cli/commands.h"
+#include "launch/install_layout.h"
 #include "tandem/error.h"
 
 namespace tandem::cli {
-namespace {
-
-// bin/tandem -> libexec/tandem/tandem-torch, in the build tree and in an installed prefix alike.
-std::string helper_path() {
-  char self[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  TANDEM_CHECK(n > 0, "cannot read /proc/self/exe: ", std::strerror(errno));
-  std::string dir(self, static_cast<size_t>(n));
-  dir = dir.substr(0, dir.rfind('/'));
-  return dir + "/../libexec/tandem/tandem-torch";
-}
-
-}  // namespace
 
 Command add_helper_command(CLI::App& app, const std::string& name, const std::string& description) {
   auto* sub = app.add_subcommand(name, description);
   sub->allow_extras();
   sub->set_help_flag();  // --help goes to the helper, which knows the flags
   return [sub, name]() -> int {
-    const std::string helper = helper_path();
+    const std::string helper = launch::install_path("libexec/tandem/tandem-torch");
     TANDEM_CHECK(::access(helper.c_str(), X_OK) == 0, "the helper ", helper, " that runs `tandem ", name,
                  "` is missing or not executable: reinstall Tandem (cmake --install)");
     std::vector<std::string> args{helper, name};

@@ -1,4 +1,4 @@
-#include "accelerate/durable_io.h"
+#include "common/durable_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,7 +10,7 @@
 
 #include "tandem/error.h"
 
-namespace tandem::accelerate::detail {
+namespace tandem::detail {
 
 UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);
@@ -112,4 +112,4 @@ void write_file_durably(const std::string& path, const std::function<void(int fd
   fsync_directory(dir, context);
 }
 
-}  // namespace tandem::accelerate::detail
+}  // namespace tandem::detail

@@ -12,7 +12,7 @@
 #include <functional>
 #include <string>
 
-namespace tandem::accelerate::detail {
+namespace tandem::detail {
 
 /// An open file descriptor, closed on destruction (errors ignored there: use close_checked).
 class UniqueFd {
@@ -49,4 +49,4 @@ void fsync_directory(const std::string& dir, const std::string& context);
 void write_file_durably(const std::string& path, const std::function<void(int fd)>& fill,
                         const std::string& context);
 
-}  // namespace tandem::accelerate::detail
+}  // namespace tandem::detail

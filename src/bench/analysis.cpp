@@ -1,0 +1,72 @@
+#include "bench/analysis.h"
+
+namespace tandem::bench {
+
+using nlohmann::json;
+
+namespace {
+
+json stat_json(const Stat& s) {
+  if (s.empty()) return nullptr;
+  return {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"n", s.n}};
+}
+
+json link_json(const std::optional<Link>& link) {
+  if (!link) return nullptr;
+  return {{"name", link->name}, {"alpha_s", link->alpha_s}, {"busbw_Bps", link->busbw_Bps}};
+}
+
+}  // namespace
+
+Analysis analyze(const Results& results) {
+  Analysis a;
+  a.rows = summarize(results);
+  a.recommendations = recommend(a.rows, results.config.models);
+  a.scaling = project_run(results);
+  return a;
+}
+
+json to_json(const Analysis& a) {
+  json rows = json::array();
+  for (const auto& r : a.rows) {
+    rows.push_back({{"model", r.model}, {"impl", r.impl}, {"strategy", r.strategy}, {"world", r.world},
+                    {"params", r.params}, {"grad_bytes", r.grad_bytes}, {"buckets", r.buckets},
+                    {"batch_per_device", r.batch_per_device}, {"samples_per_s", stat_json(r.samples_per_s)},
+                    {"samples_per_s_device", stat_json(r.samples_per_s_device)}, {"p50_ms", stat_json(r.p50_ms)},
+                    {"p95_ms", stat_json(r.p95_ms)}, {"scaling_efficiency", stat_json(r.scaling_efficiency)},
+                    {"exposed_comm_ms", stat_json(r.exposed_comm_ms)},
+                    {"sync_busbw_GBps", stat_json(r.sync_busbw_GBps)}, {"compute_ms", stat_json(r.compute_ms)},
+                    {"other_ms", stat_json(r.other_ms)}, {"mem_primary_MiB", stat_json(r.mem_primary_MB)},
+                    {"mem_others_MiB", stat_json(r.mem_others_MB)}, {"mem_kind", r.mem_kind},
+                    {"peer_strategy", r.peer_strategy}, {"vs_peer", stat_json(r.vs_peer)}});
+  }
+  json recs = json::array();
+  for (const auto& r : a.recommendations) {
+    recs.push_back({{"model", r.model}, {"strategy", r.strategy}, {"world", r.world}, {"why", r.why}});
+  }
+  const auto& s = a.scaling;
+  json sweep = json::array();
+  for (const auto& p : s.sweep) sweep.push_back({{"bytes", p.bytes}, {"p50_s", p.seconds}});
+  json projections = json::array();
+  for (const auto& p : s.projections) {
+    projections.push_back({{"model", p.model}, {"devices_per_node", p.prediction.devices_per_node},
+                           {"nodes", p.prediction.nodes}, {"compute_s", p.compute_s}, {"backward_s", p.backward_s},
+                           {"overlap", p.overlap}, {"comm_s", p.prediction.comm_s},
+                           {"exposed_comm_s", p.prediction.exposed_comm_s}, {"step_s", p.prediction.step_s},
+                           {"efficiency", p.prediction.efficiency}});
+  }
+  json validation = json::array();
+  for (const auto& v : s.validation) {
+    validation.push_back({{"model", v.model}, {"world", v.world}, {"nodes", v.nodes}, {"measured_s", v.measured_s},
+                          {"predicted_s", v.predicted_s}, {"error", v.error()}, {"calibration", v.calibration}});
+  }
+  return {{"rows", rows},
+          {"recommendations", recs},
+          {"links", {{"intra", link_json(s.intra)}, {"inter", link_json(s.inter)}, {"sweep_world", s.sweep_world},
+                     {"sweep_nodes", s.sweep_nodes}, {"sweep", sweep}}},
+          {"projections", projections},
+          {"validation", validation},
+          {"notes", s.notes}};
+}
+
+}  // namespace tandem::bench

@@ -1,0 +1,25 @@
+#pragma once
+// Everything the report derives from results.json's measurements: the table, the
+// recommendation and the projection. `tandem bench` and `tandem report` both call analyze().
+#include <nlohmann/json.hpp>
+
+#include "bench/recommend.h"
+#include "bench/results.h"
+#include "bench/scaling.h"
+#include "bench/summary.h"
+
+namespace tandem::bench {
+
+struct Analysis {
+  std::vector<Row> rows;
+  std::vector<Recommendation> recommendations;
+  Scaling scaling;
+};
+
+Analysis analyze(const Results& results);
+
+/// The derived sections of results.json ("rows", "recommendations", "links", "projections",
+/// "validation", "notes"), for readers that do not want to recompute them.
+nlohmann::json to_json(const Analysis& analysis);
+
+}  // namespace tandem::bench

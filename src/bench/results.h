@@ -1,0 +1,75 @@
+#pragma once
+// results.json: what one `tandem bench` run measured, as the workers reported it, plus the
+// configuration and the machine. Everything else in the report is derived from this file, so
+// `tandem report DIR` can re-render it and `tandem report A B` compare two (docs/benchmarks.md,
+// "results.json").
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/plan.h"
+#include "bench/projection.h"
+
+namespace tandem::bench {
+
+/// The schema this build writes and reads; a file with another version is refused by name.
+constexpr const char* kResultsSchema = "tandem-bench/1";
+/// The record a worker writes (bench/worker.cpp, bench/peer.py).
+constexpr const char* kRunRecord = "tandem-bench-run/1";
+
+/// One measurement's record (one worker process group, one repeat).
+struct Run {
+  std::string impl, model, scale, strategy, device, precision;
+  int world = 1;
+  int nodes = 1;
+  int repeat = 0;                 // -1: outside the repeats (the link sweep)
+  int64_t batch_per_device = 0, params = 0, grad_bytes = 0;
+  int buckets = 0;
+  std::vector<int64_t> bucket_bytes;
+  double p50_s = 0, p95_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;
+  std::vector<double> peak_mem_bytes;  // per device: rank RSS, replica total, or CUDA peak
+  std::string mem_kind;
+  double allreduce_p50_s = 0, flat_allreduce_p50_s = 0;
+  std::vector<SweepPoint> sweep;
+  std::string unsupported;        // set: this combination does not exist; no timings
+  nlohmann::json versions = nlohmann::json::object();
+
+  Measurement measurement() const { return {impl, model, strategy, world}; }
+};
+
+/// Parses a worker's record; throws tandem::Error naming the missing or mistyped field.
+Run run_from_record(const nlohmann::json& record);
+nlohmann::json to_json(const Run& run);
+
+/// A measurement that produced no record, and why (its log is named in `reason`).
+struct Failure {
+  Measurement measurement;
+  int repeat = 0;
+  std::string reason;
+};
+
+struct Results {
+  std::string tandem_version, created_utc, command;
+  nlohmann::json machine = nlohmann::json::object();
+  BenchConfig config;
+  std::vector<Run> runs;
+  std::vector<Failure> failures;
+  std::string peers_note;         // why the PyTorch peers are absent, when they are
+};
+
+/// The measured part (schema, machine, config, runs, failures); derived sections are added by
+/// the caller (analysis.h).
+nlohmann::json to_json(const Results& results);
+/// Reads results.json's measured part back; throws tandem::Error naming the file and the field.
+Results results_from_json(const nlohmann::json& doc, const std::string& source);
+Results load_results(const std::string& dir);
+
+/// This machine, for the report: CPU model, cores, memory, GPUs, kernel, host.
+nlohmann::json describe_machine();
+
+/// Writes `text` to `path` durably (Note [Durable writes]): a reader never sees half a file.
+void write_text_file(const std::string& path, const std::string& text);
+
+}  // namespace tandem::bench

@@ -1,0 +1,169 @@
+#include "bench/scaling.h"
+
+#include <algorithm>
+#include <map>
+
+#include "tandem/error.h"
+
+namespace tandem::bench {
+
+// Note [Projection from a run]
+// The model needs, per model: one device's step without gradient sync (compute), its backward
+// (the window communication can hide in), DDP's bucket sizes, and how much of that window the
+// all-reduce really used (overlap). All four come from Tandem's own runs:
+// - compute, backward: the DDP no-sync step at the calibration world, the smallest world above
+//   one with both a synced and a no-sync DDP run on one node;
+// - buckets: the synced run's record;
+// - overlap: calibrate_overlap() at the calibration world, so the prediction there matches by
+//   construction (flagged "calibration" in the table); every other world is a true prediction.
+// On CPU a "device" is a core: ranks beyond the cores share them, so compute is scaled by
+// max(1, ranks * threads / cores) relative to the calibration world. Projected shapes assume a
+// device per rank (no sharing): their compute is the calibration compute without that factor.
+
+namespace {
+
+struct Median {
+  double operator()(std::vector<double> v) const {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  }
+};
+
+std::vector<const Run*> select(const Results& results, const std::string& model, const std::string& impl,
+                               const std::string& strategy, int world, int nodes) {
+  std::vector<const Run*> out;
+  for (const auto& r : results.runs) {
+    if (r.model == model && r.impl == impl && r.strategy == strategy && r.world == world && r.nodes == nodes &&
+        r.unsupported.empty()) {
+      out.push_back(&r);
+    }
+  }
+  return out;
+}
+
+double median_of(const std::vector<const Run*>& runs, double Run::*field) {
+  std::vector<double> v;
+  for (const Run* r : runs) v.push_back(r->*field);
+  return Median()(v);
+}
+
+std::optional<Link> resolve_link(const std::string& spec, const Run* sweep, const char* which,
+                                 std::vector<std::string>& notes) {
+  if (spec != "measured") return parse_link(spec);
+  if (!sweep) {
+    notes.push_back(std::string("the ") + which + "-node link is 'measured' but this run has no sweep across " +
+                    (std::string(which) == "inter" ? "nodes" : "one node's ranks") +
+                    " (give --link-" + which + " nvlink|ib100|ALPHA_US:BUSBW_GBPS)");
+    return std::nullopt;
+  }
+  Link link = fit_link(sweep->sweep, sweep->world);
+  link.name = "measured";
+  return link;
+}
+
+}  // namespace
+
+Scaling project_run(const Results& results) {
+  Scaling out;
+  // One node's sweep fits the intra-node link, a sweep across nodes the inter-node one.
+  const Run* sweep = nullptr;
+  const Run* sweep_across = nullptr;
+  for (const auto& r : results.runs) {
+    if (r.strategy == "sweep" && r.unsupported.empty() && !r.sweep.empty()) (r.nodes > 1 ? sweep_across : sweep) = &r;
+  }
+  const bool any_multinode = std::any_of(results.runs.begin(), results.runs.end(), [](const Run& r) { return r.nodes > 1; });
+  if (results.config.project.empty() && !sweep && !sweep_across) return out;
+  if (const Run* shown = sweep_across ? sweep_across : sweep) {
+    out.sweep = shown->sweep;
+    out.sweep_world = shown->world;
+    out.sweep_nodes = shown->nodes;
+  }
+  try {
+    out.intra = resolve_link(results.config.link_intra, sweep, "intra", out.notes);
+    out.inter = resolve_link(results.config.link_inter, sweep_across, "inter", out.notes);
+  } catch (const Error& e) {
+    out.notes.push_back(std::string("no projection: ") + e.what());
+    return out;
+  }
+  // A one-node run needs no inter-node link; an unset one only blocks shapes with several nodes.
+  const double cores = results.machine.value("cores", 0.0);
+  const int threads = std::max(1, results.config.threads);
+  const bool cpu = results.config.device == "cpu";
+  auto sharing = [&](int ranks_per_node) {
+    return cpu && cores > 0 ? std::max(1.0, ranks_per_node * threads / cores) : 1.0;
+  };
+  for (const auto& model : results.config.models) {
+    int calibration_world = 0;
+    for (int w : results.config.worlds) {
+      if (w > 1 && !calibration_world && !select(results, model, "tandem", "ddp", w, 1).empty() &&
+          !select(results, model, "tandem", "ddp-no-sync", w, 1).empty()) {
+        calibration_world = w;
+      }
+    }
+    if (!calibration_world) {
+      out.notes.push_back(model + ": no synced and no-sync DDP pair on one node to calibrate from");
+      continue;
+    }
+    const auto synced = select(results, model, "tandem", "ddp", calibration_world, 1);
+    const auto no_sync = select(results, model, "tandem", "ddp-no-sync", calibration_world, 1);
+    StepProfile base;
+    base.compute_s = median_of(no_sync, &Run::p50_s) / sharing(calibration_world);  // one unshared device
+    base.backward_s = median_of(no_sync, &Run::backward_s) / sharing(calibration_world);
+    const Run& shape = *synced.front();
+    base.bucket_bytes = shape.bucket_bytes;
+    if (base.bucket_bytes.empty() && shape.buckets > 0) {  // older records: equal buckets
+      base.bucket_bytes.assign(static_cast<size_t>(shape.buckets), shape.grad_bytes / shape.buckets);
+    }
+    if (base.bucket_bytes.empty()) base.bucket_bytes.push_back(shape.grad_bytes);
+    if (!out.intra) continue;
+    const Link inter = out.inter.value_or(Link{"unset", 0, 1});
+    auto at_world = [&](int world, int nodes) {
+      StepProfile p = base;
+      const double share = sharing(world / nodes);
+      p.compute_s *= share;
+      p.backward_s *= share;
+      return p;
+    };
+    StepProfile calibrated = at_world(calibration_world, 1);
+    base.overlap = calibrate_overlap(calibrated, median_of(synced, &Run::p50_s), calibration_world, 1, *out.intra, inter);
+    // Validation: every world this run measured, one node and (netns runs) several.
+    std::map<std::pair<int, int>, double> measured;
+    const auto singles = select(results, model, "tandem", "single", 1, 1);
+    if (!singles.empty()) measured[{1, 1}] = median_of(singles, &Run::p50_s);
+    for (const auto& r : results.runs) {
+      if (r.model == model && r.impl == "tandem" && r.strategy == "ddp" && r.unsupported.empty()) {
+        measured[{r.world, r.nodes}] = median_of(select(results, model, "tandem", "ddp", r.world, r.nodes), &Run::p50_s);
+      }
+    }
+    for (const auto& [key, seconds] : measured) {
+      const auto [world, nodes] = key;
+      if (nodes > 1 && !out.inter) continue;
+      StepProfile p = at_world(world, nodes);
+      p.overlap = base.overlap;
+      ValidationRow v;
+      v.model = model;
+      v.world = world;
+      v.nodes = nodes;
+      v.measured_s = seconds;
+      v.predicted_s = predict(p, world / nodes, nodes, *out.intra, inter).step_s;
+      v.calibration = world == calibration_world && nodes == 1;
+      out.validation.push_back(v);
+    }
+    for (const auto& spec : results.config.project) {
+      const auto [devices, nodes] = parse_shape(spec);
+      if (nodes > 1 && !out.inter) continue;
+      ProjectionRow row;
+      row.model = model;
+      row.compute_s = base.compute_s;
+      row.backward_s = base.backward_s;
+      row.overlap = base.overlap;
+      row.prediction = predict(base, devices, nodes, *out.intra, inter);
+      out.projections.push_back(row);
+    }
+  }
+  if (any_multinode && !out.inter) out.notes.push_back("runs across nodes are not validated without an inter-node link");
+  return out;
+}
+
+}  // namespace tandem::bench

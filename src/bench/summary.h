@@ -1,0 +1,51 @@
+#pragma once
+// The comparison table: one row per (model, implementation, strategy, world), each figure the
+// median over repeats with its min..max (Note [Metrics] in summary.cpp).
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/results.h"
+
+namespace tandem::bench {
+
+/// Median and range of one figure over the repeats; n == 0 when nothing was measured.
+struct Stat {
+  double median = NAN, min = NAN, max = NAN;
+  int n = 0;
+  bool empty() const { return n == 0; }
+};
+
+/// Median (the mean of the two middle values for an even count), min and max.
+Stat stat_of(std::vector<double> values);
+
+struct Row {
+  std::string model, impl, strategy;
+  int world = 1;
+  int64_t params = 0, grad_bytes = 0, batch_per_device = 0;
+  int buckets = 0;
+  Stat samples_per_s;        // whole job: batch_per_device * world / p50 step
+  Stat samples_per_s_device; // per device
+  Stat p50_ms, p95_ms;
+  Stat scaling_efficiency;   // per-device throughput / the same implementation's single device
+  Stat exposed_comm_ms;      // synced step - no_sync step (DDP and its wrapper)
+  Stat sync_busbw_GBps;      // the gradient's all-reduce in DDP's buckets: bytes/t * 2(n-1)/n
+  Stat compute_ms, other_ms; // step breakdown: one device's step, and what is neither it nor exposed comm
+  Stat mem_primary_MB;       // peak memory of device 0 (DataParallel's primary replica; rank 0)
+  Stat mem_others_MB;        // the largest peak among the other devices (empty at world 1)
+  std::string mem_kind;
+  std::string peer_strategy; // the PyTorch row this one is compared with ("" when none)
+  Stat vs_peer;              // Tandem samples/s / the peer's, within each repeat
+};
+
+/// Rows for the user-facing strategies of every measured (model, impl, world), Tandem's before
+/// PyTorch's, in the configuration's model and strategy order.
+std::vector<Row> summarize(const Results& results);
+
+/// The row of `impl` `strategy` at `world` for `model`, if measured.
+const Row* find_row(const std::vector<Row>& rows, const std::string& model, const std::string& impl,
+                    const std::string& strategy, int world);
+
+}  // namespace tandem::bench

@@ -1,0 +1,258 @@
+// `tandem bench`: DataParallel, DDP and the Accelerator side by side with PyTorch's own, on this
+// machine (docs/benchmarks.md). Plans, runs every measurement through `tandem run`, shows
+// progress, and writes the report.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <sstream>
+
+#include "bench/plan.h"
+#include "bench/projection.h"
+#include "bench/report.h"
+#include "bench/runner.h"
+#include "cli/commands.h"
+#include "launch/gpu_count.h"
+#include "tandem/error.h"
+#include "tandem/version.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct Flags {
+  std::string models = "small,medium,large";
+  std::string strategies = "single,dp-replicate,dp-persistent,ddp,accelerate";
+  std::string nproc = "1,2";
+  std::string scale;  // default: cpu on CPU, full on CUDA
+  int batch_size = 0;  // 0: each model's default
+  std::string project;
+  std::string out = "results/bench";
+  double timeout_s = 600;
+  std::vector<std::string> argv;
+};
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
+}
+
+void make_directories(const std::string& path) {
+  std::string partial;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!partial.empty() && ::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        throw Error(message("cannot create ", partial, ": ", std::strerror(errno)));
+      }
+    }
+    if (i < path.size()) partial += path[i];
+  }
+}
+
+std::string describe(const bench::Measurement& m) {
+  char buf[128];
+  std::snprintf(buf, sizeof(buf), "%-7s %-7s %-13s x%d", m.model.c_str(), m.impl.c_str(), m.strategy.c_str(), m.world);
+  return buf;
+}
+
+std::string minutes(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f min", seconds / 60);
+  return buf;
+}
+
+int run_bench(bench::BenchConfig config, const Flags& flags) {
+  config.models = bench::parse_list("--models", flags.models, {"small", "medium", "large"});
+  config.strategies = bench::parse_list("--strategies", flags.strategies, bench::user_strategies());
+  config.worlds = bench::parse_worlds(flags.nproc);
+  config.scale = flags.scale.empty() ? (config.device == "cuda" ? "full" : "cpu") : flags.scale;
+  if (flags.batch_size > 0) {
+    for (auto& [model, batch] : config.batch_sizes) batch = flags.batch_size;
+  }
+  if (!flags.project.empty()) {
+    std::stringstream in(flags.project);
+    for (std::string shape; std::getline(in, shape, ',');) {
+      bench::parse_shape(shape);  // a typo fails now, not after ten minutes of measuring
+      config.project.push_back(shape);
+    }
+  }
+  for (const auto* link : {&config.link_intra, &config.link_inter}) {
+    if (*link != "measured") bench::parse_link(*link);
+  }
+  if (config.device == "cuda") {
+    const int gpus = launch::visible_gpu_count();
+    TANDEM_CHECK(gpus > 0, "--device cuda: no CUDA device is visible (CUDA_VISIBLE_DEVICES, driver)");
+    TANDEM_CHECK(config.worlds.back() <= gpus, "--nproc asks for ", config.worlds.back(), " devices but ", gpus,
+                 " CUDA device(s) are visible");
+  }
+  const auto tools = bench::find_tools(config.python);
+  config.python = tools.python;
+
+  bench::Results results;
+  results.tandem_version = version();
+  results.created_utc = utc_now();
+  for (const auto& a : flags.argv) results.command += (results.command.empty() ? "" : " ") + a;
+  results.machine = bench::describe_machine();
+
+  bool with_peers = false;
+  bool peer_accelerate = false;
+  if (config.peers != "off") {
+    std::string versions;
+    const bool want_accelerate =
+        std::find(config.strategies.begin(), config.strategies.end(), "accelerate") != config.strategies.end();
+    std::string why = bench::probe_peers(tools, want_accelerate, versions);
+    peer_accelerate = want_accelerate && why.empty();
+    if (!why.empty() && want_accelerate) {  // torch alone still gives the other peers
+      std::string torch_only;
+      if (bench::probe_peers(tools, false, torch_only).empty()) {
+        results.peers_note = "HF accelerate peer skipped: " + why;
+        why.clear();
+        versions = torch_only;
+      }
+    }
+    TANDEM_CHECK(why.empty() || config.peers != "on", "--peers on: ", why);
+    with_peers = why.empty();
+    if (!with_peers) results.peers_note = "skipped: " + why;
+    if (with_peers) std::printf("tandem bench: PyTorch peers from %s (%s)\n", tools.python.c_str(), versions.c_str());
+  } else {
+    results.peers_note = "off (--peers off)";
+  }
+  results.config = config;
+
+  auto planned = bench::plan(config, with_peers);
+  if (with_peers && !peer_accelerate) {
+    planned.erase(std::remove_if(planned.begin(), planned.end(),
+                                 [](const bench::Planned& p) {
+                                   return p.measurement.impl == "pytorch" && p.measurement.strategy == "accelerate";
+                                 }),
+                  planned.end());
+  }
+  make_directories(flags.out + "/logs");
+  std::printf("tandem bench: %zu measurements (%d repeats, %d steps + %d warm-up each) into %s\n", planned.size(),
+              config.repeats, config.steps, config.warmup, flags.out.c_str());
+  std::fflush(stdout);
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> sized;
+  bool interrupted = false;
+  for (size_t i = 0; i < planned.size(); ++i) {
+    const auto& p = planned[i];
+    char stem[160];
+    std::snprintf(stem, sizeof(stem), "%03zu-%s-%s-%s-w%d", i + 1, p.measurement.impl.c_str(),
+                  p.measurement.model.c_str(), p.measurement.strategy.c_str(), p.measurement.world);
+    auto outcome = bench::run_measurement(tools, config, p, flags.out + "/logs/" + stem + ".log",
+                                          flags.out + "/logs/" + stem + ".json", flags.timeout_s);
+    if (outcome.interrupted) {
+      interrupted = true;
+      break;
+    }
+    std::string what;
+    if (outcome.run) {
+      const auto& run = *outcome.run;
+      if (!run.unsupported.empty()) {
+        what = "not measured: " + run.unsupported;
+      } else if (run.strategy == "sweep") {
+        what = std::to_string(run.sweep.size()) + " all-reduce sizes";
+      } else {
+        char buf[160];
+        const double per_s = run.strategy == "allreduce" ? 0 : run.batch_per_device * run.world / run.p50_s;
+        if (run.strategy == "allreduce") {
+          std::snprintf(buf, sizeof(buf), "all-reduce of %.2f MB in %d bucket(s): %.2f ms", run.grad_bytes / 1e6,
+                        run.buckets, run.allreduce_p50_s * 1e3);
+        } else {
+          std::snprintf(buf, sizeof(buf), "p50 %.1f ms, %.0f samples/s", run.p50_s * 1e3, per_s);
+        }
+        what = buf;
+        if (std::find(sized.begin(), sized.end(), run.model) == sized.end()) {
+          sized.push_back(run.model);
+          std::snprintf(buf, sizeof(buf), "  [%s: %.2f M parameters, %.2f MB of gradients, batch %lld per device]",
+                        run.model.c_str(), run.params / 1e6, run.grad_bytes / 1e6,
+                        static_cast<long long>(run.batch_per_device));
+          what += buf;
+        }
+      }
+      results.runs.push_back(std::move(*outcome.run));
+    } else {
+      what = "FAILED: " + outcome.failure;
+      results.failures.push_back({p.measurement, p.repeat, outcome.failure});
+    }
+    bench::save_measurements(flags.out, results);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double eta = elapsed / static_cast<double>(i + 1) * static_cast<double>(planned.size() - i - 1);
+    std::printf("[%zu/%zu] %s %s: %s  (eta %s)\n", i + 1, planned.size(), describe(p.measurement).c_str(),
+                p.repeat < 0 ? "link sweep" : ("repeat " + std::to_string(p.repeat + 1)).c_str(), what.c_str(),
+                minutes(eta).c_str());
+    std::fflush(stdout);
+  }
+
+  auto written = bench::write_report(flags.out, results);
+  std::printf("\n");
+  for (const auto& rec : written.analysis.recommendations) {
+    std::printf("recommendation for %s: %s%s\n", rec.model.c_str(), rec.strategy.c_str(),
+                rec.world > 1 ? (" on " + std::to_string(rec.world) + " devices").c_str() : "");
+  }
+  std::printf("tandem bench: wrote");
+  for (const auto& f : written.files) std::printf(" %s", f.c_str());
+  std::printf("\n");
+  if (!written.plot_note.empty()) std::printf("tandem bench: plots: %s\n", written.plot_note.c_str());
+  if (interrupted) {
+    std::fprintf(stderr, "tandem bench: interrupted; the report holds the %zu measurement(s) taken\n",
+                 results.runs.size());
+    return 130;
+  }
+  if (!results.failures.empty()) {
+    std::fprintf(stderr, "tandem bench: %zu measurement(s) failed (see the logs named in %s/results.md)\n",
+                 results.failures.size(), flags.out.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app, int argc, char** argv) {
+  auto* sub = app.add_subcommand("bench", "Measure DataParallel, DDP and the Accelerator against PyTorch on this machine");
+  auto config = std::make_shared<bench::BenchConfig>();
+  auto flags = std::make_shared<Flags>();
+  for (int i = 0; i < argc; ++i) flags->argv.push_back(argv[i]);
+  sub->add_option("--models", flags->models, "small (MLP), medium (ResNet-18-class CNN), large (GPT-style decoder)")
+      ->capture_default_str();
+  sub->add_option("--strategies", flags->strategies, "Any of single, dp-replicate, dp-persistent, ddp, accelerate")
+      ->capture_default_str();
+  sub->add_option("--nproc", flags->nproc, "World sizes (devices) to measure, e.g. 1,2,4")->capture_default_str();
+  sub->add_option("--precision", config->precision, "fp32, bf16 or fp16 (autocast)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
+  sub->add_option("--device", config->device, "cpu (Gloo) or cuda (NCCL)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  sub->add_option("--scale", flags->scale, "Model presets: tiny (tests), cpu, full (default: cpu on CPU, full on CUDA)")
+      ->check(CLI::IsMember({"tiny", "cpu", "full"}));
+  sub->add_option("--batch-size", flags->batch_size, "Batch per device for every model (default: small 64, medium 32, large 8)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--steps", config->steps, "Timed steps per measurement")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--warmup", config->warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub->add_option("--repeats", config->repeats, "Interleaved repeats of every measurement")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--threads", config->threads, "Intra-op threads per process")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--peers", config->peers, "PyTorch peers: auto (when --python has torch), on (required), off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
+  sub->add_option("--python", config->python, "Python with torch (and accelerate) for the peers");
+  sub->add_option("--project", flags->project, "Predict at shapes DEVICESxNODES, e.g. 8x1,8x4 (adds a link sweep)");
+  sub->add_option("--link-intra", config->link_intra, "Intra-node link: measured, nvlink, ib100, ... or ALPHA_US:BUSBW_GBPS")
+      ->capture_default_str();
+  sub->add_option("--link-inter", config->link_inter, "Inter-node link, as --link-intra")->capture_default_str();
+  sub->add_option("--out", flags->out, "Folder for results.json, results.md, the plots and the logs")
+      ->capture_default_str();
+  sub->add_option("--timeout", flags->timeout_s, "Seconds before a measurement is stopped and reported")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  return [config, flags]() { return run_bench(*config, *flags); };
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# bench_smoke.sh TANDEM PYTHON: `tandem bench` end to end with the tiny presets and two steps:
+# the report files appear, results.md holds a row for every configured (model, strategy, world)
+# and for each PyTorch peer, `tandem report` re-renders the same table from results.json, and
+# `tandem report A B` compares a run with itself at 1.00. Figures are never judged: no speed
+# threshold here.
+set -euo pipefail
+tandem="$1"; python="$2"
+out="$(mktemp -d)"; trap 'rm -rf "$out"' EXIT
+models=(small medium large)
+strategies=(single dp-replicate dp-persistent ddp accelerate)
+
+"$tandem" bench --models small,medium,large --nproc 1,2 --scale tiny --steps 2 --warmup 1 --repeats 1 \
+  --python "$python" --peers on --project 4x1,8x4 --out "$out/run" | tee "$out/log"
+
+for f in results.json results.md throughput.png memory.png breakdown.png; do
+  [[ -s "$out/run/$f" ]] || { echo "FAIL: $out/run/$f is missing or empty"; exit 1; }
+done
+head -c 8 "$out/run/throughput.png" | od -An -tx1 | grep -q "89 50 4e 47 0d 0a 1a 0a" \
+  || { echo "FAIL: throughput.png is not a PNG"; exit 1; }
+
+# Every configured row, with a number in its samples/s column, in its model's block of the
+# performance table.
+rows_of() {  # rows_of MODEL -> that model's lines of the performance table
+  sed -n '/^## Performance/,/^Gradient:/p' "$out/run/results.md" |
+    awk -v m="$1" '/^\| [a-z]+ \(/ { current = $2 } current == m'
+}
+missing=0
+for model in "${models[@]}"; do
+  for s in "${strategies[@]}"; do
+    label="Tandem $s"; [[ $s == accelerate ]] && label="Tandem Accelerator"
+    world=2; [[ $s == single ]] && world=1
+    n=$(rows_of "$model" | grep -cE "^\| [^|]* \| $label \| $world \| [0-9]" || true)
+    if [[ $n -ne 1 ]]; then echo "FAIL: no row for $model $label x$world"; missing=1; fi
+  done
+  for label in "PyTorch single|1" "PyTorch ddp|2" "HF accelerate|2"; do
+    n=$(rows_of "$model" | grep -cE "^\| [^|]* \| ${label%|*} \| ${label#*|} \| [0-9]" || true)
+    if [[ $n -ne 1 ]]; then echo "FAIL: no row for $model ${label%|*} x${label#*|}"; missing=1; fi
+  done
+  grep -q "^- \*\*$model: " "$out/run/results.md" || { echo "FAIL: no recommendation for $model"; missing=1; }
+done
+# On CPU torch.nn.DataParallel cannot replicate: said so, not silently dropped.
+grep -q "pytorch dp (2 devices): torch.nn.DataParallel" "$out/run/results.md" \
+  || { echo "FAIL: the unsupported torch.nn.DataParallel peer is not reported"; missing=1; }
+grep -q "^### Validation" "$out/run/results.md" || { echo "FAIL: no projection validation"; missing=1; }
+grep -qE "^\| (small|medium|large) \| 8 × 4 \|" "$out/run/results.md" || { echo "FAIL: no 8x4 projection"; missing=1; }
+[[ $missing -eq 0 ]] || { cat "$out/run/results.md"; exit 1; }
+
+# tandem report DIR: the same table from results.json alone.
+cp "$out/run/results.md" "$out/first.md"
+rm "$out/run/results.md" "$out/run/throughput.png"
+"$tandem" report "$out/run" > "$out/rerendered.md"
+cmp "$out/first.md" "$out/run/results.md" || { echo "FAIL: tandem report rendered another results.md"; exit 1; }
+cmp "$out/first.md" "$out/rerendered.md" || { echo "FAIL: tandem report printed another table"; exit 1; }
+[[ -s "$out/run/throughput.png" ]] || { echo "FAIL: tandem report drew no throughput.png"; exit 1; }
+
+# tandem report A B: a run against itself is 1.00 everywhere.
+"$tandem" report "$out/run" "$out/run" --out "$out/compare.md" > /dev/null
+rows=$(grep -cE "^\| (small|medium|large) \| .* \| 1\.00 \|" "$out/compare.md" || true)
+others=$(grep -E "^\| (small|medium|large) \| " "$out/compare.md" | grep -vcE "\| 1\.00 \|" || true)
+[[ $rows -gt 0 && $others -eq 0 ]] || { cat "$out/compare.md"; echo "FAIL: self-comparison is not 1.00 on every row"; exit 1; }
+echo "bench_smoke: ok ($(grep -cE '^\| [^|]* \| (Tandem|PyTorch|HF)' "$out/run/results.md") rows)"
