@@ -2,11 +2,7 @@
 # the README's promise that they can, as tests. Each prints what the launcher printed.
 # Skipped (exit 77) only where the launcher itself is absent; scripts/setup installs both.
 set(_eco "${CMAKE_CURRENT_SOURCE_DIR}/ecosystem")
-if(TANDEM_PYTHON)
-  get_filename_component(_eco_bin "${TANDEM_PYTHON}" DIRECTORY)
-else()
-  get_filename_component(_eco_bin "${TANDEM_TORCH_ROOT}/../../../../bin" ABSOLUTE)  # <venv>/lib/pythonX/site-packages/torch
-endif()
+get_filename_component(_eco_bin "${TANDEM_TEST_PYTHON}" DIRECTORY)
 set(_eco_torchrun "${_eco_bin}/torchrun")
 set(_eco_python "${_eco_bin}/python")
 set(_eco_tests)
