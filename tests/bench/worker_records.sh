@@ -84,7 +84,7 @@ import json, os, sys
 
 d = sys.argv[1]
 RECORD = "tandem-bench-run/1"
-HEAD = ["record", "impl", "model", "scale", "strategy", "device", "precision", "world"]
+HEAD = ["record", "impl", "model", "scale", "strategy", "device", "precision", "world", "nodes"]
 FIELDS = HEAD + ["batch_per_device", "steps", "warmup", "threads", "params", "grad_bytes", "buckets", "p50_s",
                  "p95_s", "rank_p50_s", "forward_p50_s", "backward_p50_s", "optimizer_p50_s", "peak_mem_bytes",
                  "mem_kind", "versions"]
@@ -119,7 +119,7 @@ for line in open(os.path.join(d, "plan.tsv")):
     dp = strategy in ("dp-replicate", "dp-persistent", "dp")
     world = replicas if dp else nproc
     head = dict(record=RECORD, impl=impl, model=model, scale="tiny", strategy=strategy, device="cpu",
-                precision=precision, world=world)
+                precision=precision, world=world, nodes=1)
     for k, v in head.items():
         if r.get(k) != v:
             errors.append(f"{what}: {k} is {r.get(k)!r}, expected {v!r}")
@@ -147,6 +147,10 @@ for line in open(os.path.join(d, "plan.tsv")):
         # Both Accelerators wrap DDP even at world 1 under a launcher (accelerate: MASTER_ADDR set).
         "buckets > 0 exactly under DDP": isinstance(r["buckets"], int) and
             (r["buckets"] > 0) == (strategy in ("ddp", "ddp-no-sync", "accelerate", "allreduce")),
+        # Tandem's DDP records its bucket layout (the projection's input): it adds up to the gradient.
+        "bucket_bytes: one per bucket, summing to grad_bytes": impl != "tandem" or
+            strategy not in ("ddp", "ddp-no-sync", "allreduce") or
+            (len(r.get("bucket_bytes", [])) == r["buckets"] and sum(r["bucket_bytes"]) == r["grad_bytes"]),
         "0 < p50_s <= p95_s": 0 < r["p50_s"] <= r["p95_s"],
         "rank_p50_s: one positive per rank, rank 0's first": len(r["rank_p50_s"]) == ranks and
             all(t > 0 for t in r["rank_p50_s"]) and r["rank_p50_s"][0] == r["p50_s"],
