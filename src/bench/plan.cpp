@@ -58,9 +58,15 @@ std::vector<Measurement> measurements(const BenchConfig& config, bool with_peers
 std::vector<Planned> plan(const BenchConfig& config, bool with_peers) {
   const auto each = measurements(config, with_peers);
   std::vector<Planned> out;
+  // The link sweep runs at the calibration world (the smallest above one, Note [Projection from
+  // a run]): the wider worlds are then true predictions, link and all.
   if (!config.project.empty()) {
-    const int widest = *std::max_element(config.worlds.begin(), config.worlds.end());
-    if (widest > 1) out.push_back({{"tandem", config.models.front(), "sweep", widest}, -1});
+    for (int world : config.worlds) {
+      if (world > 1) {
+        out.push_back({{"tandem", config.models.front(), "sweep", world}, -1});
+        break;
+      }
+    }
   }
   for (int r = 0; r < config.repeats; ++r) {
     if (r % 2 == 0) {

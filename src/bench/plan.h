@@ -40,7 +40,7 @@ struct Measurement {
 /// What runs once per repeat. Single runs at world 1, always (the baseline every ratio divides
 /// by); the other strategies at each world above 1; DDP's no-sync twin and the bucketed all-reduce support the exposed-communication and
 /// bus-bandwidth columns; the PyTorch peers mirror ours when `with_peers`. `sweep` (once, not
-/// repeated) is added by plan() when a projection was asked for.
+/// repeated, at the smallest world above one) is added by plan() when a projection was asked for.
 std::vector<Measurement> measurements(const BenchConfig& config, bool with_peers);
 
 struct Planned {

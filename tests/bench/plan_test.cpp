@@ -52,10 +52,11 @@ TEST(Plan, RepeatsAlternateTheirOrderAndTheSweepComesOnce) {
     EXPECT_EQ(p[each.size() + i].repeat, 1);
   }
   config.project = {"8x4"};
+  config.worlds = {1, 2, 4};
   p = plan(config, false);
-  ASSERT_EQ(p.size(), 3 * each.size() + 1);
+  ASSERT_EQ(p.size(), 3 * measurements(config, false).size() + 1);
   EXPECT_EQ(p.front().measurement.strategy, "sweep");
-  EXPECT_EQ(p.front().measurement.world, 2);
+  EXPECT_EQ(p.front().measurement.world, 2);  // at the calibration world, not the widest
   EXPECT_EQ(p.front().repeat, -1);
 }
 
