@@ -1,5 +1,7 @@
 #include "bench/markdown.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -32,6 +34,19 @@ std::string label(const Row& r) {
   if (r.strategy == "accelerate") return "HF accelerate";
   if (r.strategy == "dp") return "torch.nn.DataParallel";
   return "PyTorch " + r.strategy;
+}
+
+// The validation's error; a calibration row matches by construction unless the overlap fraction
+// had to be clamped to [0, 1], and then says by how much it misses.
+std::string error_cell(const ValidationRow& v) {
+  const std::string error = num(v.error() * 100, 1) + " %";
+  if (!v.calibration) return error;
+  return std::abs(v.error()) < 0.005 ? "calibration" : "calibration, misses by " + error + " (overlap clamped)";
+}
+
+// "2", or "2 (2 nodes)" for a world spread over nodes.
+std::string devices(const Row& r) {
+  return std::to_string(r.world) + (r.nodes > 1 ? " (" + std::to_string(r.nodes) + " nodes)" : "");
 }
 
 std::string describe_machine(const Results& results) {
@@ -79,7 +94,7 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
                                : "";
       first = false;
       std::string peer = r.vs_peer.empty() ? "–" : cell(r.vs_peer, 2) + " vs " + r.peer_strategy;
-      md << "| " << name << " | " << label(r) << " | " << r.world << " | " << cell(r.samples_per_s, 0) << " | "
+      md << "| " << name << " | " << label(r) << " | " << devices(r) << " | " << cell(r.samples_per_s, 0) << " | "
          << median(r.samples_per_s_device, 0) << " | " << cell(r.p50_ms, 1) << " | " << median(r.p95_ms, 1) << " | "
          << median(r.scaling_efficiency, 2) << " | " << median(r.mem_primary_MB, 0) << " | "
          << median(r.mem_others_MB, 0) << " | " << median(r.exposed_comm_ms, 1) << " | "
@@ -101,7 +116,7 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
   md << "| model | strategy | devices | step | compute (one device) | exposed comm | other |\n|---|---|---|---|---|---|---|\n";
   for (const auto& r : analysis.rows) {
     if (r.impl != "tandem" || r.strategy == "single") continue;
-    md << "| " << r.model << " | " << label(r) << " | " << r.world << " | " << median(r.p50_ms, 1) << " | "
+    md << "| " << r.model << " | " << label(r) << " | " << devices(r) << " | " << median(r.p50_ms, 1) << " | "
        << median(r.compute_ms, 1) << " | " << median(r.exposed_comm_ms, 1) << " | " << median(r.other_ms, 1) << " |\n";
   }
 
@@ -121,7 +136,10 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
              " GB/s";
     };
     if (s.intra) md << "- Intra-node link " << link_text(*s.intra) << "\n";
-    if (s.inter) md << "- Inter-node link " << link_text(*s.inter) << "\n";
+    const bool several_nodes =
+        std::any_of(s.validation.begin(), s.validation.end(), [](const ValidationRow& v) { return v.nodes > 1; }) ||
+        std::any_of(s.projections.begin(), s.projections.end(), [](const ProjectionRow& p) { return p.prediction.nodes > 1; });
+    if (s.inter && several_nodes) md << "- Inter-node link " << link_text(*s.inter) << "\n";
     if (!s.sweep.empty()) {
       md << "- Sweep (" << s.sweep_world << " ranks on " << s.sweep_nodes << " node(s)): ";
       for (size_t i = 0; i < s.sweep.size(); ++i) {
@@ -137,7 +155,7 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
       for (const auto& v : s.validation) {
         md << "| " << v.model << " | " << v.world << " | " << v.nodes << " | " << num(v.measured_s * 1e3, 1) << " | "
            << num(v.predicted_s * 1e3, 1) << " | "
-           << (v.calibration ? "calibration" : num(v.error() * 100, 1) + " %") << " |\n";
+           << error_cell(v) << " |\n";
       }
     }
     if (!s.projections.empty()) {

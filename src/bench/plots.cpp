@@ -464,8 +464,13 @@ Plot breakdown_plot(const std::string& dir, const Results& results, const std::v
 }
 
 std::vector<Plot> build_plots(const std::string& dir, const Results& results, const Analysis& analysis) {
-  return {throughput_plot(dir, results, analysis.rows), memory_plot(dir, results, analysis.rows),
-          breakdown_plot(dir, results, analysis.rows)};
+  // The plots compare strategies on one node; rows across nodes (netns validation runs) would
+  // draw a second line per strategy at the same world size.
+  std::vector<Row> rows;
+  for (const auto& r : analysis.rows) {
+    if (r.nodes == 1) rows.push_back(r);
+  }
+  return {throughput_plot(dir, results, rows), memory_plot(dir, results, rows), breakdown_plot(dir, results, rows)};
 }
 
 // --- running gnuplot -------------------------------------------------------------------------

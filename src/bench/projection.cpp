@@ -161,27 +161,32 @@ double allreduce_seconds(Algorithm algorithm, int64_t bytes, int devices_per_nod
   return hierarchical(algorithm, static_cast<double>(bytes), devices_per_node, nodes, intra, inter);
 }
 
-// Ordinary least squares of seconds = a + b * bytes, unweighted, on centred sums. The ring formula
-// makes a = 2(p-1) alpha and b = 2(p-1)/p / busbw. A negative a (noise at small sizes) is read as
-// alpha = 0; b <= 0 means time did not grow with size, so the sweep measured no bandwidth.
+// Least squares of seconds = a + b * bytes, weighted by 1/seconds^2: the sweep spans 4 KiB to
+// 64 MiB, four orders of magnitude in time, and an unweighted fit lets the largest messages decide
+// the intercept (alpha came out anywhere between 0 and 3.5 ms on the same link). Weighting by
+// relative error makes each size count alike: small sizes fix alpha, large ones busbw. The ring
+// formula makes a = 2(p-1) alpha and b = 2(p-1)/p / busbw. A negative a (noise at small sizes)
+// is read as alpha = 0; b <= 0 means time did not grow with size: no bandwidth was measured.
 Link fit_link(const std::vector<SweepPoint>& sweep, int ranks) {
   TANDEM_CHECK(ranks >= 2, "fitting a link to a sweep over ", ranks, " ranks: expected at least 2");
   TANDEM_CHECK(!sweep.empty(), "fitting a link: the sweep is empty; expected at least two sizes");
-  double mean_x = 0, mean_y = 0;
+  double w_sum = 0, x_sum = 0, y_sum = 0;
   for (const SweepPoint& point : sweep) {
     TANDEM_CHECK(point.bytes >= 0, "fitting a link: a sweep point of ", point.bytes, " bytes");
     TANDEM_CHECK(std::isfinite(point.seconds) && point.seconds >= 0, "fitting a link: a sweep point of ",
                  point.seconds, " s at ", point.bytes, " bytes; expected a finite time >= 0");
-    mean_x += static_cast<double>(point.bytes);
-    mean_y += point.seconds;
+    const double w = 1.0 / std::pow(std::max(point.seconds, 1e-9), 2);
+    w_sum += w;
+    x_sum += w * static_cast<double>(point.bytes);
+    y_sum += w * point.seconds;
   }
-  mean_x /= sweep.size();
-  mean_y /= sweep.size();
+  const double mean_x = x_sum / w_sum, mean_y = y_sum / w_sum;  // weighted means; centred sums below
   double sxx = 0, sxy = 0;
   for (const SweepPoint& point : sweep) {
+    const double w = 1.0 / std::pow(std::max(point.seconds, 1e-9), 2);
     const double dx = static_cast<double>(point.bytes) - mean_x;
-    sxx += dx * dx;
-    sxy += dx * (point.seconds - mean_y);
+    sxx += w * dx * dx;
+    sxy += w * dx * (point.seconds - mean_y);
   }
   TANDEM_CHECK(sxx > 0, "fitting a link: the sweep has one message size; expected at least two distinct sizes");
   const double b = sxy / sxx;

@@ -9,14 +9,16 @@ namespace tandem::bench {
 // at the widest world measured, against one device:
 // 1. The candidate with the highest median samples/s wins, unless it beats one device by less
 //    than 5 %: then more devices do not pay for themselves here, and `single` is recommended.
-// 2. A winner within 5 % of a candidate that needs less memory on its busiest device yields to
-//    it: equal speed, more headroom (DataParallel's primary replica is the usual loser).
+// 2. A winner within 5 % of a candidate that needs at least 10 % less memory on its busiest
+//    device yields to it: equal speed, more headroom (DataParallel's primary replica is the usual
+//    loser). Smaller memory differences are noise in a peak RSS.
 // 3. The paragraph quotes the throughputs, the scaling efficiency, the busiest device's peak
 //    memory against the others', and the exposed communication: the table's own numbers.
 
 namespace {
 
-constexpr double kMargin = 1.05;
+constexpr double kMargin = 1.05;        // a throughput difference this small is a tie
+constexpr double kMemoryMargin = 0.9;   // a tie goes to a strategy needing 10 % less on its busiest device
 
 std::string fmt(const char* format, double value) {
   char buf[64];
@@ -38,11 +40,11 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
     const Row* single = find_row(rows, model, "tandem", "single", 1);
     int widest = 1;
     for (const auto& r : rows) {
-      if (r.model == model && r.impl == "tandem" && r.world > widest) widest = r.world;
+      if (r.model == model && r.impl == "tandem" && r.nodes == 1 && r.world > widest) widest = r.world;
     }
     std::vector<const Row*> candidates;
     for (const auto& r : rows) {
-      if (r.model == model && r.impl == "tandem" && r.world == widest && r.strategy != "single" &&
+      if (r.model == model && r.impl == "tandem" && r.world == widest && r.nodes == 1 && r.strategy != "single" &&
           !r.samples_per_s.empty()) {
         candidates.push_back(&r);
       }
@@ -57,7 +59,7 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
     if (best) {
       for (const Row* c : candidates) {
         if (c != best && c->samples_per_s.median * kMargin >= best->samples_per_s.median &&
-            busiest_MB(*c) < busiest_MB(*best)) {
+            busiest_MB(*c) < busiest_MB(*best) * kMemoryMargin) {
           best = c;
         }
       }

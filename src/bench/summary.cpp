@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <set>
 
 namespace tandem::bench {
 
@@ -29,11 +30,11 @@ constexpr double kMiB = 1024.0 * 1024.0;
 using ByRepeat = std::map<int, const Run*>;
 
 ByRepeat runs_of(const Results& results, const std::string& model, const std::string& impl,
-                 const std::string& strategy, int world) {
+                 const std::string& strategy, int world, int nodes = 1) {
   ByRepeat out;
   for (const auto& r : results.runs) {
-    if (r.model == model && r.impl == impl && r.strategy == strategy && r.world == world && r.repeat >= 0 &&
-        r.unsupported.empty()) {
+    if (r.model == model && r.impl == impl && r.strategy == strategy && r.world == world && r.nodes == nodes &&
+        r.repeat >= 0 && r.unsupported.empty()) {
       out[r.repeat] = &r;
     }
   }
@@ -85,12 +86,19 @@ std::vector<Row> summarize(const Results& results) {
   for (int w : results.config.worlds) {
     if (w > 1) worlds.push_back(w);
   }
+  std::set<int> node_counts{1};
+  for (const auto& r : results.runs) node_counts.insert(r.nodes);
+  std::vector<std::pair<int, int>> shapes;  // (world, nodes)
+  for (int world : worlds) {
+    for (int nodes : node_counts) shapes.emplace_back(world, nodes);
+  }
   for (const auto& model : results.config.models) {
     for (const std::string impl : {"tandem", "pytorch"}) {
       const auto single = runs_of(results, model, impl, "single", 1);
       for (const auto& strategy : strategies) {
-        for (int world : worlds) {
-          const auto runs = runs_of(results, model, impl, strategy, world);
+        for (const auto& shape : shapes) {
+          const int world = shape.first, nodes = shape.second;
+          const auto runs = runs_of(results, model, impl, strategy, world, nodes);
           if (runs.empty()) continue;
           const Run& first = *runs.begin()->second;
           Row row;
@@ -98,6 +106,7 @@ std::vector<Row> summarize(const Results& results) {
           row.impl = impl;
           row.strategy = strategy;
           row.world = world;
+          row.nodes = nodes;
           row.params = first.params;
           row.grad_bytes = first.grad_bytes;
           row.batch_per_device = first.batch_per_device;
@@ -113,8 +122,10 @@ std::vector<Row> summarize(const Results& results) {
             return samples_per_s(r) / r.world / *base;
           });
           const bool over_ddp = strategy == "ddp" || strategy == "accelerate";
-          const auto synced = over_ddp ? runs_of(results, model, impl, "ddp", world) : ByRepeat{};
-          const auto no_sync = over_ddp ? runs_of(results, model, impl, "ddp-no-sync", world) : ByRepeat{};
+          // No no_sync run across nodes? The no_sync step does not communicate: one node's serves.
+          const auto synced = over_ddp ? runs_of(results, model, impl, "ddp", world, nodes) : ByRepeat{};
+          auto no_sync = over_ddp ? runs_of(results, model, impl, "ddp-no-sync", world, nodes) : ByRepeat{};
+          if (over_ddp && no_sync.empty()) no_sync = runs_of(results, model, impl, "ddp-no-sync", world, 1);
           auto exposed_s = [&](int k) -> std::optional<double> {
             if (!over_ddp) return 0.0;
             auto s = at(synced, k, [](const Run& r) { return r.p50_s; });
@@ -127,7 +138,7 @@ std::vector<Row> summarize(const Results& results) {
               auto e = exposed_s(k);
               return e ? std::optional<double>(*e * 1e3) : std::nullopt;
             });
-            const auto allreduce = runs_of(results, model, "tandem", "allreduce", world);
+            const auto allreduce = runs_of(results, model, "tandem", "allreduce", world, nodes);
             if (impl == "tandem") {
               row.sync_busbw_GBps = over_repeats(allreduce, [](int, const Run& r) -> std::optional<double> {
                 if (r.allreduce_p50_s <= 0) return std::nullopt;
@@ -153,7 +164,7 @@ std::vector<Row> summarize(const Results& results) {
             return *std::max_element(r.peak_mem_bytes.begin() + 1, r.peak_mem_bytes.end()) / kMiB;
           });
           if (impl == "tandem") {
-            const auto peer = runs_of(results, model, "pytorch", peer_of(strategy), world);
+            const auto peer = runs_of(results, model, "pytorch", peer_of(strategy), world, nodes);
             if (!peer.empty()) {
               row.peer_strategy = peer_of(strategy);
               row.vs_peer = over_repeats(runs, [&](int k, const Run& r) -> std::optional<double> {
@@ -172,9 +183,11 @@ std::vector<Row> summarize(const Results& results) {
 }
 
 const Row* find_row(const std::vector<Row>& rows, const std::string& model, const std::string& impl,
-                    const std::string& strategy, int world) {
+                    const std::string& strategy, int world, int nodes) {
   for (const auto& r : rows) {
-    if (r.model == model && r.impl == impl && r.strategy == strategy && r.world == world) return &r;
+    if (r.model == model && r.impl == impl && r.strategy == strategy && r.world == world && r.nodes == nodes) {
+      return &r;
+    }
   }
   return nullptr;
 }

@@ -24,6 +24,7 @@ Stat stat_of(std::vector<double> values);
 struct Row {
   std::string model, impl, strategy;
   int world = 1;
+  int nodes = 1;             // the world spread over this many nodes (netns or real hosts)
   int64_t params = 0, grad_bytes = 0, batch_per_device = 0;
   int buckets = 0;
   Stat samples_per_s;        // whole job: batch_per_device * world / p50 step
@@ -40,12 +41,12 @@ struct Row {
   Stat vs_peer;              // Tandem samples/s / the peer's, within each repeat
 };
 
-/// Rows for the user-facing strategies of every measured (model, impl, world), Tandem's before
-/// PyTorch's, in the configuration's model and strategy order.
+/// Rows for the user-facing strategies of every measured (model, impl, world, nodes), Tandem's
+/// before PyTorch's, in the configuration's model and strategy order.
 std::vector<Row> summarize(const Results& results);
 
-/// The row of `impl` `strategy` at `world` for `model`, if measured.
+/// The row of `impl` `strategy` at `world` on `nodes` for `model`, if measured.
 const Row* find_row(const std::vector<Row>& rows, const std::string& model, const std::string& impl,
-                    const std::string& strategy, int world);
+                    const std::string& strategy, int world, int nodes = 1);
 
 }  // namespace tandem::bench

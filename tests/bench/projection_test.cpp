@@ -157,14 +157,17 @@ TEST(FitLink, RecoversFourRankRing) {
   EXPECT_FIT(fitted.busbw_Bps, 12e9);
 }
 
-TEST(FitLink, LeastSquaresOfNoisyPoints) {
-  // 2 ranks; points (0, 1ms), (1e6, 1ms), (2e6, 3ms), (3e6, 3ms). Means: x 1.5e6, y 2ms.
-  // Sxx = (2.25+0.25+0.25+2.25)e12 = 5e12; Sxy = (-1.5e6)(-1ms) + (-0.5e6)(-1ms) + (0.5e6)(1ms) + (1.5e6)(1ms) = 4e3.
-  // slope 4e3/5e12 = 0.8 ns/byte; intercept 2ms - 0.8e-9*1.5e6 = 0.8ms.
-  // alpha = 0.8ms / (2*1) = 400us; busbw = (2*1/2) / 0.8e-9 = 1.25 GB/s.
+TEST(FitLink, RelativeErrorLeastSquaresOfNoisyPoints) {
+  // 2 ranks; points (0, 1ms), (1e6, 1ms), (2e6, 3ms), (3e6, 3ms), weighted by 1/t^2, i.e. in the
+  // ratio 9 : 9 : 1 : 1. W = 20; Sx = 9e6 + 2e6 + 3e6 = 14e6; Sy = (9 + 9 + 3 + 3) ms = 24 ms;
+  // Sxx = 9e12 + 4e12 + 9e12 = 22e12; Sxy = 9e6*1ms + 2e6*3ms + 3e6*3ms = 24e3.
+  // slope = (W Sxy - Sx Sy) / (W Sxx - Sx^2) = (480e3 - 336e3) / (440e12 - 196e12) = 36/61 ns/byte;
+  // intercept = (Sy - slope Sx) / W = (24 - 504/61) ms / 20 = 48/61 ms.
+  // alpha = (48/61 ms) / (2*1) = 24/61 ms; busbw = (2*1/2) / (36/61 ns) = 61/36 GB/s.
+  // (Unweighted, the two slow points would pull the slope to 0.8 ns/byte and alpha to 400 us.)
   const Link fitted = fit_link({{0, 1e-3}, {1'000'000, 1e-3}, {2'000'000, 3e-3}, {3'000'000, 3e-3}}, 2);
-  EXPECT_FIT(fitted.alpha_s, 400e-6);
-  EXPECT_FIT(fitted.busbw_Bps, 1.25e9);
+  EXPECT_FIT(fitted.alpha_s, 24.0 / 61 * 1e-3);
+  EXPECT_FIT(fitted.busbw_Bps, 61.0 / 36 * 1e9);
 }
 
 TEST(FitLink, NegativeInterceptClampsAlphaToZero) {

@@ -2,6 +2,8 @@
 // out by hand from the p50 steps there.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "bench/recommend.h"
 #include "bench/summary.h"
 #include "fixture.h"
@@ -84,6 +86,26 @@ TEST(Summary, RatioAgainstThePeerWithinEachRepeat) {
   // Supporting measurements are not rows of the table.
   EXPECT_EQ(find_row(rows, "small", "tandem", "ddp-no-sync", 2), nullptr);
   EXPECT_EQ(find_row(rows, "small", "tandem", "allreduce", 2), nullptr);
+}
+
+TEST(Summary, RunsAcrossNodesAreTheirOwnRows) {
+  auto results = test::fixture();
+  for (int k : {0, 1}) {  // the same DDP across two nodes: 200 ms, no no_sync run of its own
+    bench::Run r = *std::find_if(results.runs.begin(), results.runs.end(), [&](const bench::Run& x) {
+      return x.impl == "tandem" && x.strategy == "ddp" && x.repeat == k;
+    });
+    r.nodes = 2;
+    r.p50_s = 0.200 * (k ? 1.25 : 1.0);
+    results.runs.push_back(r);
+  }
+  const auto rows = summarize(results);
+  const Row* one = find_row(rows, "small", "tandem", "ddp", 2, 1);
+  const Row* two = find_row(rows, "small", "tandem", "ddp", 2, 2);
+  ASSERT_TRUE(one && two);
+  EXPECT_DOUBLE_EQ(one->samples_per_s.median, 144);  // unchanged by the other node count
+  EXPECT_DOUBLE_EQ(two->samples_per_s.median, (100 + 80) / 2.0);  // 20 / 0.2 and 20 / 0.25
+  // Exposed against one node's no_sync step: 200 - 110 = 90 and 250 - 137.5 = 112.5 ms.
+  EXPECT_NEAR(two->exposed_comm_ms.median, 101.25, 1e-9);
 }
 
 TEST(Recommend, TheFastestStrategyWithItsNumbers) {
