@@ -51,7 +51,7 @@ json to_json(const Analysis& a) {
   for (const auto& p : s.projections) {
     projections.push_back({{"model", p.model}, {"devices_per_node", p.prediction.devices_per_node},
                            {"nodes", p.prediction.nodes}, {"compute_s", p.compute_s}, {"backward_s", p.backward_s},
-                           {"overlap", p.overlap}, {"comm_s", p.prediction.comm_s},
+                           {"overlap", p.overlap}, {"comm_scale", p.comm_scale}, {"comm_s", p.prediction.comm_s},
                            {"exposed_comm_s", p.prediction.exposed_comm_s}, {"step_s", p.prediction.step_s},
                            {"efficiency", p.prediction.efficiency}});
   }

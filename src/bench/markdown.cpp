@@ -159,11 +159,12 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
       }
     }
     if (!s.projections.empty()) {
-      md << "\n### Projected\n\n| model | devices per node × nodes | compute ms | all-reduce ms | exposed ms "
-            "| step ms | scaling eff. |\n|---|---|---|---|---|---|---|\n";
+      md << "\n### Projected\n\n| model | devices per node × nodes | compute ms | overlap | all-reduce × "
+            "| all-reduce ms | exposed ms | step ms | scaling eff. |\n|---|---|---|---|---|---|---|---|---|\n";
       for (const auto& p : s.projections) {
         md << "| " << p.model << " | " << p.prediction.devices_per_node << " × " << p.prediction.nodes << " | "
-           << num(p.compute_s * 1e3, 1) << " | " << num(p.prediction.comm_s * 1e3, 2) << " | "
+           << num(p.compute_s * 1e3, 1) << " | " << num(p.overlap, 2) << " | " << num(p.comm_scale, 2) << " | "
+           << num(p.prediction.comm_s * 1e3, 2) << " | "
            << num(p.prediction.exposed_comm_s * 1e3, 2) << " | " << num(p.prediction.step_s * 1e3, 1) << " | "
            << num(p.prediction.efficiency, 2) << " |\n";
       }

@@ -303,8 +303,8 @@ Plot throughput_plot(const std::string& dir, const Results& results, const std::
 // --- memory.png ------------------------------------------------------------------------------
 
 std::string memory_kind_text(const std::string& kind) {
-  if (kind == "rss") return "process RSS per rank";
-  if (kind == "replica") return "DataParallel's per-replica accounting";
+  if (kind == "rss") return "whole-process RSS per rank, LibTorch included";
+  if (kind == "replica") return "DataParallel's per-replica accounting of model bytes";
   if (kind == "cuda") return "CUDA peak allocation";
   return kind;
 }
@@ -338,7 +338,9 @@ Plot memory_plot(const std::string& dir, const Results& results, const std::vect
       if (!r->mem_kind.empty() && std::find(kinds.begin(), kinds.end(), r->mem_kind) == kinds.end()) {
         kinds.push_back(r->mem_kind);
       }
-      data << r->impl << " " << r->strategy << " " << r->world << " " << num(r->mem_primary_MB.median) << " "
+      // '*': DataParallel's accounting (model bytes only) beside whole-process RSS (LibTorch too).
+      data << r->impl << " " << r->strategy << (r->mem_kind == "replica" ? "*" : "") << " " << r->world << " "
+           << num(r->mem_primary_MB.median) << " "
            << num(r->mem_primary_MB.min) << " " << num(r->mem_primary_MB.max) << " " << num(r->mem_others_MB.median)
            << " " << num(r->mem_others_MB.min) << " " << num(r->mem_others_MB.max) << "\n";
     }
@@ -365,7 +367,9 @@ Plot memory_plot(const std::string& dir, const Results& results, const std::vect
     return p;
   }
   std::string kind_text;
-  for (const auto& k : kinds) kind_text += (kind_text.empty() ? "" : ", ") + memory_kind_text(k);
+  for (const auto& k : kinds) {
+    kind_text += (kind_text.empty() ? "" : ", ") + memory_kind_text(k) + (k == "replica" && kinds.size() > 1 ? " (*)" : "");
+  }
   const std::string title = "Peak memory per device at the widest world — " + setup_text(results) + "\nMiB, " +
                             repeats_text(results) + " (bars: min..max)" +
                             (kind_text.empty() ? "" : "; measured as " + kind_text);

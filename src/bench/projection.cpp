@@ -20,14 +20,17 @@
 // the inter link's busbw is per device (a rail-optimized node, one NIC per device); for one NIC
 // shared by d devices give busbw/d.
 // Overlap. DDP launches bucket all-reduces during backward, back to back in launch order:
-//   comm    = sum over buckets of allreduce(bucket)
-//   exposed = max(allreduce(last bucket), comm - overlap * backward)
+//   comm    = comm_scale * sum over buckets of allreduce(bucket)
+//   exposed = max(comm_scale * allreduce(last bucket), comm - overlap * backward)
 //   step    = compute + exposed,   efficiency = compute / step   (weak scaling)
 // The last bucket is ready only when backward ends, so it never hides; `overlap` is the fraction
 // of backward that hides communication, nominally 1, calibrated from a measured synced step by
-// calibrate_overlap (the inverse of the formula above, clamped to [0, 1]).
-// Ignored: compute and communication contending for the CPU (Gloo) or SMs and memory (NCCL) --
-// the calibrated overlap absorbs some of it; NCCL's protocol switch (LL / LL128 / Simple) and
+// calibrate_overlap (the inverse of the formula above, clamped to [0, 1]). Where no overlap in
+// [0, 1] explains the measured step -- on 2 CPU cores a step's all-reduce took 2-3x the sweep's,
+// competing with compute and waiting for the slower rank -- calibrate() also fits comm_scale,
+// the in-step all-reduce time over the link model's, and carries it to the other world sizes.
+// Ignored: compute and communication contending for the CPU (Gloo) or SMs and memory (NCCL)
+// beyond what comm_scale absorbs at the calibration world; NCCL's protocol switch (LL / LL128 / Simple) and
 // algorithm choice by size, so alpha and busbw are one pair over all sizes; congestion and
 // oversubscribed fabrics; stragglers and the gradient copies in and out of buckets.
 
@@ -200,7 +203,9 @@ Link fit_link(const std::vector<SweepPoint>& sweep, int ranks) {
 Prediction predict(const StepProfile& profile, int devices_per_node, int nodes, const Link& intra,
                    const Link& inter, Algorithm algorithm) {
   check_profile(profile, devices_per_node, nodes);
-  const auto [comm, last] = bucket_seconds(profile, devices_per_node, nodes, intra, inter, algorithm);
+  auto [comm, last] = bucket_seconds(profile, devices_per_node, nodes, intra, inter, algorithm);
+  comm *= profile.comm_scale;
+  last *= profile.comm_scale;
   Prediction prediction;
   prediction.devices_per_node = devices_per_node;
   prediction.nodes = nodes;
@@ -222,6 +227,28 @@ double calibrate_overlap(const StepProfile& profile, double measured_step_s, int
   if (profile.backward_s <= 0) return 0;
   const double overlap = (comm - (measured_step_s - profile.compute_s)) / profile.backward_s;
   return std::clamp(overlap, 0.0, 1.0);
+}
+
+// exposed(k) = max(k * last, k * comm - overlap * backward) grows with k, so the k that meets
+// the measured exposure is whichever branch's solution is consistent with the other.
+Calibration calibrate(const StepProfile& profile, double measured_step_s, int devices_per_node, int nodes,
+                      const Link& intra, const Link& inter, Algorithm algorithm) {
+  StepProfile unscaled = profile;
+  unscaled.comm_scale = 1.0;
+  Calibration c;
+  c.overlap = calibrate_overlap(unscaled, measured_step_s, devices_per_node, nodes, intra, inter, algorithm);
+  const double exposed = measured_step_s - profile.compute_s;
+  const auto [comm, last] = bucket_seconds(unscaled, devices_per_node, nodes, intra, inter, algorithm);
+  if (exposed <= 0 || comm <= 0) return c;
+  const double hidden = c.overlap * profile.backward_s;
+  const double by_last = last > 0 ? exposed / last : 0;  // the last bucket decides
+  const double by_total = (exposed + hidden) / comm;      // all buckets minus what backward hides
+  if (last > 0 && by_last * comm - hidden <= exposed * (1 + 1e-12)) {
+    c.comm_scale = by_last;
+  } else {
+    c.comm_scale = by_total;
+  }
+  return c;
 }
 
 std::pair<int, int> parse_shape(const std::string& spec) {

@@ -50,6 +50,8 @@ struct StepProfile {
   double backward_s = 0;      // its backward pass: the window communication can overlap with
   std::vector<int64_t> bucket_bytes;  // DDP's buckets, in launch order (the last one cannot overlap)
   double overlap = 1.0;       // the fraction of backward_s that hides communication, in [0, 1]
+  double comm_scale = 1.0;    // in-step all-reduce time / the link model's (ranks contending for
+                              // cores, waiting for the slowest rank): calibrated, 1 by default
 };
 
 struct Prediction {
@@ -60,7 +62,8 @@ struct Prediction {
   double efficiency = 1.0;    // compute_s / step_s (weak scaling: the per-device batch is fixed)
 };
 
-/// exposed = max(last bucket, comm - overlap * backward); step = compute + exposed.
+/// comm = comm_scale * (all buckets' all-reduce); exposed = max(last bucket, comm - overlap *
+/// backward); step = compute + exposed.
 Prediction predict(const StepProfile& profile, int devices_per_node, int nodes, const Link& intra,
                    const Link& inter, Algorithm algorithm = Algorithm::Ring);
 
@@ -68,6 +71,20 @@ Prediction predict(const StepProfile& profile, int devices_per_node, int nodes, 
 /// (calibration): clamp((comm - (measured_step - compute)) / backward, 0, 1).
 double calibrate_overlap(const StepProfile& profile, double measured_step_s, int devices_per_node, int nodes,
                          const Link& intra, const Link& inter, Algorithm algorithm = Algorithm::Ring);
+
+/// What calibrate() fits at one measured world size.
+struct Calibration {
+  double overlap = 1.0;
+  double comm_scale = 1.0;
+};
+
+/// Fits the overlap fraction (calibrate_overlap) and, where no overlap in [0, 1] reproduces the
+/// measured step, the communication scale too, so that predict() matches the measured step
+/// exactly: a step that waits longer than the link model's all-reduce (contention, the slowest
+/// rank) gets comm_scale > 1, one that waits less gets comm_scale < 1. A measured step at or
+/// below compute leaves comm_scale at 1 (nothing to calibrate).
+Calibration calibrate(const StepProfile& profile, double measured_step_s, int devices_per_node, int nodes,
+                      const Link& intra, const Link& inter, Algorithm algorithm = Algorithm::Ring);
 
 /// "4x2" (4 devices per node, 2 nodes) or "8" (one node); throws on anything else.
 std::pair<int, int> parse_shape(const std::string& spec);

@@ -14,8 +14,8 @@ namespace tandem::bench {
 // - compute, backward: the DDP no-sync step at the calibration world, the smallest world above
 //   one with both a synced and a no-sync DDP run on one node;
 // - buckets: the synced run's record;
-// - overlap: calibrate_overlap() at the calibration world, so the prediction there matches by
-//   construction (flagged "calibration" in the table); every other world is a true prediction.
+// - overlap and comm_scale: calibrate() at the calibration world, so the prediction there matches
+//   by construction (flagged "calibration" in the table); every other world is a true prediction.
 // On CPU a "device" is a core: ranks beyond the cores share them, so compute is scaled by
 // max(1, ranks * threads / cores) relative to the calibration world. Projected shapes assume a
 // device per rank (no sharing): their compute is the calibration compute without that factor.
@@ -126,7 +126,9 @@ Scaling project_run(const Results& results) {
       return p;
     };
     StepProfile calibrated = at_world(calibration_world, 1);
-    base.overlap = calibrate_overlap(calibrated, median_of(synced, &Run::p50_s), calibration_world, 1, *out.intra, inter);
+    const auto fit = calibrate(calibrated, median_of(synced, &Run::p50_s), calibration_world, 1, *out.intra, inter);
+    base.overlap = fit.overlap;
+    base.comm_scale = fit.comm_scale;
     // Validation: every world this run measured, one node and (netns runs) several.
     std::map<std::pair<int, int>, double> measured;
     const auto singles = select(results, model, "tandem", "single", 1, 1);
@@ -141,6 +143,7 @@ Scaling project_run(const Results& results) {
       if (nodes > 1 && !out.inter) continue;
       StepProfile p = at_world(world, nodes);
       p.overlap = base.overlap;
+      p.comm_scale = base.comm_scale;
       ValidationRow v;
       v.model = model;
       v.world = world;
@@ -158,6 +161,7 @@ Scaling project_run(const Results& results) {
       row.compute_s = base.compute_s;
       row.backward_s = base.backward_s;
       row.overlap = base.overlap;
+      row.comm_scale = base.comm_scale;
       row.prediction = predict(base, devices, nodes, *out.intra, inter);
       out.projections.push_back(row);
     }

@@ -15,7 +15,7 @@ namespace tandem::bench {
 
 struct ProjectionRow {
   std::string model;
-  double compute_s = 0, backward_s = 0, overlap = 0;
+  double compute_s = 0, backward_s = 0, overlap = 0, comm_scale = 1;
   Prediction prediction;
 };
 

@@ -73,6 +73,32 @@ TEST(Scaling, RanksBeyondTheCoresShareThem) {
   EXPECT_NEAR(s.projections[0].prediction.step_s, 0.1066, 1e-9);
 }
 
+TEST(Scaling, AStepThatWaitsLongerThanTheLinkScalesItsCommunication) {
+  auto results = two_rank_run(/*cores=*/16);
+  results.runs[3].p50_s = 0.111;  // ddp x2 waits 11 ms: more than the 4.4 ms all-reduce at no overlap
+  const auto s = project_run(results);
+  ASSERT_EQ(s.validation.size(), 3u);
+  // overlap clamps to 0; comm_scale = 11 / 4.4 = 2.5, and the calibration world matches again.
+  EXPECT_TRUE(s.validation[1].calibration);
+  EXPECT_NEAR(s.validation[1].predicted_s, 0.111, 1e-12);
+  ASSERT_EQ(s.projections.size(), 1u);
+  EXPECT_NEAR(s.projections[0].overlap, 0.0, 1e-12);
+  EXPECT_NEAR(s.projections[0].comm_scale, 2.5, 1e-12);
+  // At 4 ranks: 2.5 * 7.2 ms = 18 ms exposed (no overlap): 118 ms.
+  EXPECT_NEAR(s.validation[2].predicted_s, 0.118, 1e-9);
+}
+
+TEST(Scaling, AStepThatWaitsLessThanTheLastBucketScalesItDown) {
+  auto results = two_rank_run(/*cores=*/16);
+  results.runs[3].p50_s = 0.1016;  // 1.6 ms exposed, half the 3.2 ms last bucket
+  const auto s = project_run(results);
+  // overlap clamps to 1 (60 ms of backward hides all but the last bucket); comm_scale = 1.6 / 3.2.
+  EXPECT_NEAR(s.projections[0].comm_scale, 0.5, 1e-12);
+  EXPECT_NEAR(s.validation[1].predicted_s, 0.1016, 1e-12);
+  // At 4 ranks: max(0.5 * 5.1, 0.5 * 7.2 - 60) = 2.55 ms exposed.
+  EXPECT_NEAR(s.validation[2].predicted_s, 0.10255, 1e-9);
+}
+
 TEST(Scaling, AMissingLinkIsANoteNotAGuess) {
   auto results = two_rank_run(16);
   results.runs.erase(results.runs.begin());  // no sweep
