@@ -53,7 +53,8 @@ json to_json(const Analysis& a) {
                            {"nodes", p.prediction.nodes}, {"compute_s", p.compute_s}, {"backward_s", p.backward_s},
                            {"overlap", p.overlap}, {"comm_scale", p.comm_scale}, {"comm_s", p.prediction.comm_s},
                            {"exposed_comm_s", p.prediction.exposed_comm_s}, {"step_s", p.prediction.step_s},
-                           {"efficiency", p.prediction.efficiency}});
+                           {"efficiency", p.prediction.efficiency}, {"tree_step_s", p.tree_prediction.step_s},
+                           {"tree_efficiency", p.tree_prediction.efficiency}});
   }
   json validation = json::array();
   for (const auto& v : s.validation) {

@@ -130,7 +130,7 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
 
   const auto& s = analysis.scaling;
   if (s.intra || s.inter || !s.notes.empty()) {
-    md << "\n## Projection (alpha-beta model, ring all-reduce)\n\n";
+    md << "\n## Projection (alpha-beta model; ring all-reduce, and halving-doubling alongside)\n\n";
     auto link_text = [](const Link& l) {
       return l.name + ": alpha " + num(l.alpha_s * 1e6, 1) + " us, bus bandwidth " + num(l.busbw_Bps / 1e9, 2) +
              " GB/s";
@@ -160,13 +160,15 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
     }
     if (!s.projections.empty()) {
       md << "\n### Projected\n\n| model | devices per node × nodes | compute ms | overlap | all-reduce × "
-            "| all-reduce ms | exposed ms | step ms | scaling eff. |\n|---|---|---|---|---|---|---|---|---|\n";
+            "| all-reduce ms | exposed ms | step ms | scaling eff. | step ms, tree | scaling eff., tree |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n";
       for (const auto& p : s.projections) {
         md << "| " << p.model << " | " << p.prediction.devices_per_node << " × " << p.prediction.nodes << " | "
            << num(p.compute_s * 1e3, 1) << " | " << num(p.overlap, 2) << " | " << num(p.comm_scale, 2) << " | "
            << num(p.prediction.comm_s * 1e3, 2) << " | "
            << num(p.prediction.exposed_comm_s * 1e3, 2) << " | " << num(p.prediction.step_s * 1e3, 1) << " | "
-           << num(p.prediction.efficiency, 2) << " |\n";
+           << num(p.prediction.efficiency, 2) << " | " << num(p.tree_prediction.step_s * 1e3, 1) << " | "
+           << num(p.tree_prediction.efficiency, 2) << " |\n";
       }
     }
   }

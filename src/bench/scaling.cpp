@@ -162,7 +162,8 @@ Scaling project_run(const Results& results) {
       row.backward_s = base.backward_s;
       row.overlap = base.overlap;
       row.comm_scale = base.comm_scale;
-      row.prediction = predict(base, devices, nodes, *out.intra, inter);
+      row.prediction = predict(base, devices, nodes, *out.intra, inter, Algorithm::Ring);
+      row.tree_prediction = predict(base, devices, nodes, *out.intra, inter, Algorithm::Tree);
       out.projections.push_back(row);
     }
   }

@@ -16,7 +16,8 @@ namespace tandem::bench {
 struct ProjectionRow {
   std::string model;
   double compute_s = 0, backward_s = 0, overlap = 0, comm_scale = 1;
-  Prediction prediction;
+  Prediction prediction;       // ring all-reduce (what the calibration used)
+  Prediction tree_prediction;  // the same step with halving-doubling between nodes and ranks
 };
 
 struct ValidationRow {

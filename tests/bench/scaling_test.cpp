@@ -61,6 +61,20 @@ TEST(Scaling, FitCalibrateAndPredict) {
   ASSERT_EQ(s.projections.size(), 1u);
   EXPECT_NEAR(s.projections[0].prediction.step_s, 0.1066, 1e-9);
   EXPECT_NEAR(s.projections[0].prediction.efficiency, 0.100 / 0.1066, 1e-9);
+  // One node: a ring inside it whatever the algorithm between nodes.
+  EXPECT_NEAR(s.projections[0].tree_prediction.step_s, 0.1066, 1e-9);
+}
+
+TEST(Scaling, RingAndHalvingDoublingBetweenNodes) {
+  auto results = two_rank_run(/*cores=*/16);
+  results.config.project = {"1x4"};  // one device on each of 4 nodes: all on the inter link
+  const auto s = project_run(results);  // link_inter: ib100, alpha 5 us, busbw 12 GB/s
+  ASSERT_EQ(s.projections.size(), 1u);
+  // Ring: 2*3*5 us + 2*3/4 * n / 12e9 = 30 us + 125 us and 30 us + 375 us: comm 560 us;
+  // exposed = max(405, 560 - 0.01 * 60 000) = 405 us.
+  EXPECT_NEAR(s.projections[0].prediction.step_s, 0.100405, 1e-9);
+  // Halving-doubling: 2*2*5 us instead: 145 and 395 us; exposed 395 us.
+  EXPECT_NEAR(s.projections[0].tree_prediction.step_s, 0.100395, 1e-9);
 }
 
 TEST(Scaling, RanksBeyondTheCoresShareThem) {
