@@ -44,6 +44,12 @@ std::string error_cell(const ValidationRow& v) {
   return std::abs(v.error()) < 0.005 ? "calibration" : "calibration, misses by " + error + " (overlap clamped)";
 }
 
+// "1 device", "2 devices"; for a row, "2 devices on 2 nodes".
+std::string device_count(int world) { return std::to_string(world) + (world == 1 ? " device" : " devices"); }
+std::string device_count(const Row& r) {
+  return device_count(r.world) + (r.nodes > 1 ? " on " + std::to_string(r.nodes) + " nodes" : "");
+}
+
 // "2", or "2 (2 nodes)" for a world spread over nodes.
 std::string devices(const Row& r) {
   return std::to_string(r.world) + (r.nodes > 1 ? " (" + std::to_string(r.nodes) + " nodes)" : "");
@@ -180,13 +186,13 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
     std::set<std::string> said;
     for (const auto& r : results.runs) {
       if (r.unsupported.empty()) continue;
-      const std::string line = "- " + r.impl + " " + r.strategy + " (" + std::to_string(r.world) + " devices): " +
+      const std::string line = "- " + r.impl + " " + r.strategy + " (" + device_count(r.world) + "): " +
                                r.unsupported;
       if (said.insert(line).second) md << line << "\n";
     }
     for (const auto& f : results.failures) {
       md << "- FAILED " << f.measurement.impl << " " << f.measurement.model << " " << f.measurement.strategy << " ("
-         << f.measurement.world << " devices), repeat " << f.repeat << ": " << f.reason << "\n";
+         << device_count(f.measurement.world) << "), repeat " << f.repeat << ": " << f.reason << "\n";
     }
   }
   return md.str();
@@ -204,7 +210,7 @@ std::string render_comparison(const std::string& name_a, const Results& a, const
   for (const auto& ra : analysis_a.rows) {
     const Row* rb = find_row(analysis_b.rows, ra.model, ra.impl, ra.strategy, ra.world);
     if (!rb) {
-      only.push_back("only in A: " + ra.model + " " + label(ra) + " (" + std::to_string(ra.world) + " devices)");
+      only.push_back("only in A: " + ra.model + " " + label(ra) + " (" + device_count(ra) + ")");
       continue;
     }
     const bool both = !ra.samples_per_s.empty() && !rb->samples_per_s.empty();
@@ -215,7 +221,7 @@ std::string render_comparison(const std::string& name_a, const Results& a, const
   }
   for (const auto& rb : analysis_b.rows) {
     if (!find_row(analysis_a.rows, rb.model, rb.impl, rb.strategy, rb.world)) {
-      only.push_back("only in B: " + rb.model + " " + label(rb) + " (" + std::to_string(rb.world) + " devices)");
+      only.push_back("only in B: " + rb.model + " " + label(rb) + " (" + device_count(rb) + ")");
     }
   }
   if (!only.empty()) {

@@ -16,6 +16,8 @@ namespace tandem::bench {
 // - buckets: the synced run's record;
 // - overlap and comm_scale: calibrate() at the calibration world, so the prediction there matches
 //   by construction (flagged "calibration" in the table); every other world is a true prediction.
+// The all-reduce scale carries to projected shapes only over measured links: on a preset link
+// (nvlink, ib100, ...) the projection assumes that fabric's own all-reduce, unscaled.
 // On CPU a "device" is a core: ranks beyond the cores share them, so compute is scaled by
 // max(1, ranks * threads / cores) relative to the calibration world. Projected shapes assume a
 // device per rank (no sharing): their compute is the calibration compute without that factor.
@@ -156,14 +158,19 @@ Scaling project_run(const Results& results) {
     for (const auto& spec : results.config.project) {
       const auto [devices, nodes] = parse_shape(spec);
       if (nodes > 1 && !out.inter) continue;
+      // The all-reduce scale is this machine's (its cores' contention, its ranks' skew): it
+      // carries to a shape only over links measured here, not to a preset's fabric.
+      StepProfile target = base;
+      const bool measured_links = out.intra->name == "measured" && (nodes == 1 || inter.name == "measured");
+      if (!measured_links) target.comm_scale = 1.0;
       ProjectionRow row;
       row.model = model;
-      row.compute_s = base.compute_s;
-      row.backward_s = base.backward_s;
-      row.overlap = base.overlap;
-      row.comm_scale = base.comm_scale;
-      row.prediction = predict(base, devices, nodes, *out.intra, inter, Algorithm::Ring);
-      row.tree_prediction = predict(base, devices, nodes, *out.intra, inter, Algorithm::Tree);
+      row.compute_s = target.compute_s;
+      row.backward_s = target.backward_s;
+      row.overlap = target.overlap;
+      row.comm_scale = target.comm_scale;
+      row.prediction = predict(target, devices, nodes, *out.intra, inter, Algorithm::Ring);
+      row.tree_prediction = predict(target, devices, nodes, *out.intra, inter, Algorithm::Tree);
       out.projections.push_back(row);
     }
   }

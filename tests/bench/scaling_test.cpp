@@ -100,6 +100,13 @@ TEST(Scaling, AStepThatWaitsLongerThanTheLinkScalesItsCommunication) {
   EXPECT_NEAR(s.projections[0].comm_scale, 2.5, 1e-12);
   // At 4 ranks: 2.5 * 7.2 ms = 18 ms exposed (no overlap): 118 ms.
   EXPECT_NEAR(s.validation[2].predicted_s, 0.118, 1e-9);
+  // Across nodes on the ib100 preset the scale is not this machine's to carry: 1x4 unscaled,
+  // 30 us + 125 us and 30 us + 375 us, no overlap: exposed max(405, 560) = 560 us.
+  results.config.project = {"1x4"};
+  const auto preset = project_run(results);
+  ASSERT_EQ(preset.projections.size(), 1u);
+  EXPECT_EQ(preset.projections[0].comm_scale, 1.0);
+  EXPECT_NEAR(preset.projections[0].prediction.step_s, 0.100560, 1e-9);
 }
 
 TEST(Scaling, AStepThatWaitsLessThanTheLastBucketScalesItDown) {
