@@ -208,19 +208,19 @@ std::string render_comparison(const std::string& name_a, const Results& a, const
         "|---|---|---|---|---|---|---|---|\n";
   std::vector<std::string> only;
   for (const auto& ra : analysis_a.rows) {
-    const Row* rb = find_row(analysis_b.rows, ra.model, ra.impl, ra.strategy, ra.world);
+    const Row* rb = find_row(analysis_b.rows, ra.model, ra.impl, ra.strategy, ra.world, ra.nodes);
     if (!rb) {
       only.push_back("only in A: " + ra.model + " " + label(ra) + " (" + device_count(ra) + ")");
       continue;
     }
     const bool both = !ra.samples_per_s.empty() && !rb->samples_per_s.empty();
-    md << "| " << ra.model << " | " << label(ra) << " | " << ra.world << " | " << cell(ra.samples_per_s, 0) << " | "
+    md << "| " << ra.model << " | " << label(ra) << " | " << devices(ra) << " | " << cell(ra.samples_per_s, 0) << " | "
        << cell(rb->samples_per_s, 0) << " | "
        << (both ? num(rb->samples_per_s.median / ra.samples_per_s.median, 2) : "–") << " | "
        << median(ra.p50_ms, 1) << " | " << median(rb->p50_ms, 1) << " |\n";
   }
   for (const auto& rb : analysis_b.rows) {
-    if (!find_row(analysis_a.rows, rb.model, rb.impl, rb.strategy, rb.world)) {
+    if (!find_row(analysis_a.rows, rb.model, rb.impl, rb.strategy, rb.world, rb.nodes)) {
       only.push_back("only in B: " + rb.model + " " + label(rb) + " (" + device_count(rb) + ")");
     }
   }

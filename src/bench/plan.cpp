@@ -38,7 +38,9 @@ std::vector<Measurement> measurements(const BenchConfig& config, bool with_peers
         if (strategy == "single" || world == 1) continue;  // a wrapper over one device is the baseline plus overhead
         add("tandem", model, strategy, world);
         if (with_peers) add("pytorch", model, peer_strategy(strategy), world);
-        if (strategy == "ddp") {
+        if (strategy == "ddp" || strategy == "accelerate") {  // the Accelerator's rows carry DDP's figures
+          add("tandem", model, "ddp", world);
+          if (with_peers) add("pytorch", model, "ddp", world);
           add("tandem", model, "ddp-no-sync", world);
           if (with_peers) add("pytorch", model, "ddp-no-sync", world);
           add("tandem", model, "allreduce", world);

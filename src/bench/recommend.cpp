@@ -10,8 +10,8 @@ namespace tandem::bench {
 // 1. The candidate with the highest median samples/s wins, unless it beats one device by less
 //    than 5 %: then more devices do not pay for themselves here, and `single` is recommended.
 // 2. A winner within 5 % of a candidate that needs at least 10 % less memory on its busiest
-//    device yields to it: equal speed, more headroom (DataParallel's primary replica is the usual
-//    loser). Smaller memory differences are noise in a peak RSS.
+//    device, measured the same way, yields to it: equal speed, more headroom (DataParallel's
+//    primary replica is the usual loser). Smaller memory differences are noise in a peak RSS.
 // 3. The paragraph quotes the throughputs, the scaling efficiency, the busiest device's peak
 //    memory against the others', and the exposed communication: the table's own numbers.
 
@@ -56,10 +56,14 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
     for (const Row* c : candidates) {
       if (!best || c->samples_per_s.median > best->samples_per_s.median) best = c;
     }
-    if (best) {
+    // The tie-break compares like with like: memory of the same kind (RSS against RSS, never
+    // against DataParallel's accounting of model bytes), measured on both, within 5 % of the
+    // fastest (not of a previous tie-break's winner).
+    if (const Row* top = best; top && !top->mem_primary_MB.empty()) {
       for (const Row* c : candidates) {
-        if (c != best && c->samples_per_s.median * kMargin >= best->samples_per_s.median &&
-            busiest_MB(*c) < busiest_MB(*best) * kMemoryMargin) {
+        if (c != top && c->mem_kind == top->mem_kind && !c->mem_primary_MB.empty() &&
+            c->samples_per_s.median * kMargin >= top->samples_per_s.median &&
+            busiest_MB(*c) < busiest_MB(*top) * kMemoryMargin && busiest_MB(*c) < busiest_MB(*best)) {
           best = c;
         }
       }

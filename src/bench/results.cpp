@@ -3,6 +3,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -75,6 +76,7 @@ Run run_from_record(const json& record) {
   r.nodes = field_or<int>(record, "nodes", 1, where);
   r.repeat = field_or<int>(record, "repeat", 0, where);
   r.unsupported = field_or<std::string>(record, "unsupported", "", where);
+  std::replace(r.unsupported.begin(), r.unsupported.end(), '\n', ' ');  // one list item in results.md
   if (record.contains("versions")) r.versions = record["versions"];
   if (!r.unsupported.empty()) return r;
   r.batch_per_device = field<int64_t>(record, "batch_per_device", where);

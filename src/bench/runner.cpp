@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "launch/install_layout.h"
@@ -71,7 +72,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path,
   if (pid == 0) {
     ::dup2(out, STDOUT_FILENO);
     ::dup2(out, STDERR_FILENO);
-    const int null_in = ::open("/dev/null", O_RDONLY);
+    const int null_in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // dup2 clears CLOEXEC on stdin
     if (null_in >= 0) ::dup2(null_in, STDIN_FILENO);
     ::execve(args[0], args.data(), envp.data());
     std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
@@ -111,17 +112,31 @@ std::string last_line_of(const std::string& path) {
   return last;
 }
 
-std::string output_of(const std::vector<std::string>& argv, int& status) {
+// The output of a short command (stdout and stderr together); `what_ended` says "timed out" or
+// "interrupted" when it did not end by itself.
+std::string output_of(const std::vector<std::string>& argv, int& status, std::string& what_ended) {
   char name[] = "/tmp/tandem-bench-probe-XXXXXX";
   const int fd = ::mkstemp(name);
   TANDEM_CHECK(fd >= 0, "cannot create a temporary file: ", std::strerror(errno));
   ::close(fd);
+  struct Unlink {
+    const char* path;
+    ~Unlink() { ::unlink(path); }
+  } unlink_later{name};
   bool timed_out = false, stopped = false;
   status = wait_bounded(spawn(argv, name, {}), 60, timed_out, stopped);
+  what_ended = timed_out ? "timed out after 60 s" : (stopped ? "interrupted" : "");
   std::ifstream in(name);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ::unlink(name);
-  return text;
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::string last_nonempty_line(const std::string& text) {
+  std::string line, last;
+  std::istringstream in(text);
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  }
+  return last;
 }
 
 }  // namespace
@@ -150,13 +165,14 @@ std::string probe_peers(const Tools& tools, bool need_accelerate, std::string& v
                                ? "import torch, accelerate; print(torch.__version__, accelerate.__version__)"
                                : "import torch; print(torch.__version__)";
   int status = 0;
-  std::string out = output_of({tools.python, "-c", code}, status);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  std::string what_ended;
+  const std::string out = output_of({tools.python, "-c", code}, status, what_ended);
+  if (!what_ended.empty()) return "probing " + tools.python + " for torch " + what_ended;
+  const std::string last = last_nonempty_line(out);  // warnings may come first
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    const auto last = out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
     return tools.python + " cannot import " + (need_accelerate ? "torch and accelerate" : "torch") + " (" + last + ")";
   }
-  versions = out;
+  versions = last;
   return "";
 }
 
@@ -201,8 +217,14 @@ Outcome run_measurement(const Tools& tools, const BenchConfig& config, const Pla
   }
   const auto start = Clock::now();
   bool timed_out = false, stopped = false;
-  const int status = wait_bounded(spawn(argv, log_path, {"OMP_NUM_THREADS=" + std::to_string(config.threads)}),
-                                  timeout_s, timed_out, stopped);
+  pid_t pid = -1;
+  try {
+    pid = spawn(argv, log_path, {"OMP_NUM_THREADS=" + std::to_string(config.threads)});
+  } catch (const Error& e) {  // e.g. the log cannot be created: this measurement fails, the report is still written
+    outcome.failure = e.what();
+    return outcome;
+  }
+  const int status = wait_bounded(pid, timeout_s, timed_out, stopped);
   outcome.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
   if (stopped || g_stop_signal) {
     outcome.interrupted = true;

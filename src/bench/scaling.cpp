@@ -1,6 +1,7 @@
 #include "bench/scaling.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include "tandem/error.h"
@@ -64,6 +65,88 @@ std::optional<Link> resolve_link(const std::string& spec, const Run* sweep, cons
   return link;
 }
 
+// One model's validation rows and projections (Note [Projection from a run]).
+void project_model(const Results& results, const std::string& model, const std::function<double(int)>& sharing,
+                   Scaling& out) {
+  int calibration_world = 0;
+  for (int w : results.config.worlds) {
+    if (w > 1 && !calibration_world && !select(results, model, "tandem", "ddp", w, 1).empty() &&
+        !select(results, model, "tandem", "ddp-no-sync", w, 1).empty()) {
+      calibration_world = w;
+    }
+  }
+  if (!calibration_world) {
+    out.notes.push_back(model + ": no synced and no-sync DDP pair on one node to calibrate from");
+    return;
+  }
+  const auto synced = select(results, model, "tandem", "ddp", calibration_world, 1);
+  const auto no_sync = select(results, model, "tandem", "ddp-no-sync", calibration_world, 1);
+  StepProfile base;
+  base.compute_s = median_of(no_sync, &Run::p50_s) / sharing(calibration_world);  // one unshared device
+  base.backward_s = median_of(no_sync, &Run::backward_s) / sharing(calibration_world);
+  const Run& shape = *synced.front();
+  base.bucket_bytes = shape.bucket_bytes;
+  if (base.bucket_bytes.empty() && shape.buckets > 0) {  // older records: equal buckets
+    base.bucket_bytes.assign(static_cast<size_t>(shape.buckets), shape.grad_bytes / shape.buckets);
+  }
+  if (base.bucket_bytes.empty()) base.bucket_bytes.push_back(shape.grad_bytes);
+  if (!out.intra) return;
+  const Link inter = out.inter.value_or(Link{"unset", 0, 1});
+  auto at_world = [&](int world, int nodes) {
+    StepProfile p = base;
+    const double share = sharing(world / nodes);
+    p.compute_s *= share;
+    p.backward_s *= share;
+    return p;
+  };
+  StepProfile calibrated = at_world(calibration_world, 1);
+  const auto fit = calibrate(calibrated, median_of(synced, &Run::p50_s), calibration_world, 1, *out.intra, inter);
+  base.overlap = fit.overlap;
+  base.comm_scale = fit.comm_scale;
+  // Validation: every world this run measured, one node and (netns runs) several.
+  std::map<std::pair<int, int>, double> measured;
+  const auto singles = select(results, model, "tandem", "single", 1, 1);
+  if (!singles.empty()) measured[{1, 1}] = median_of(singles, &Run::p50_s);
+  for (const auto& r : results.runs) {
+    if (r.model == model && r.impl == "tandem" && r.strategy == "ddp" && r.unsupported.empty()) {
+      measured[{r.world, r.nodes}] = median_of(select(results, model, "tandem", "ddp", r.world, r.nodes), &Run::p50_s);
+    }
+  }
+  for (const auto& [key, seconds] : measured) {
+    const auto [world, nodes] = key;
+    if ((nodes > 1 && !out.inter) || seconds <= 0) continue;
+    StepProfile p = at_world(world, nodes);
+    p.overlap = base.overlap;
+    p.comm_scale = base.comm_scale;
+    ValidationRow v;
+    v.model = model;
+    v.world = world;
+    v.nodes = nodes;
+    v.measured_s = seconds;
+    v.predicted_s = predict(p, world / nodes, nodes, *out.intra, inter).step_s;
+    v.calibration = world == calibration_world && nodes == 1;
+    out.validation.push_back(v);
+  }
+  for (const auto& spec : results.config.project) {
+    const auto [devices, nodes] = parse_shape(spec);
+    if (nodes > 1 && !out.inter) continue;
+    // The all-reduce scale is this machine's (its cores' contention, its ranks' skew): it
+    // carries to a shape only over links measured here, not to a preset's fabric.
+    StepProfile target = base;
+    const bool measured_links = out.intra->name == "measured" && (nodes == 1 || inter.name == "measured");
+    if (!measured_links) target.comm_scale = 1.0;
+    ProjectionRow row;
+    row.model = model;
+    row.compute_s = target.compute_s;
+    row.backward_s = target.backward_s;
+    row.overlap = target.overlap;
+    row.comm_scale = target.comm_scale;
+    row.prediction = predict(target, devices, nodes, *out.intra, inter, Algorithm::Ring);
+    row.tree_prediction = predict(target, devices, nodes, *out.intra, inter, Algorithm::Tree);
+    out.projections.push_back(row);
+  }
+}
+
 }  // namespace
 
 Scaling project_run(const Results& results) {
@@ -96,82 +179,10 @@ Scaling project_run(const Results& results) {
     return cpu && cores > 0 ? std::max(1.0, ranks_per_node * threads / cores) : 1.0;
   };
   for (const auto& model : results.config.models) {
-    int calibration_world = 0;
-    for (int w : results.config.worlds) {
-      if (w > 1 && !calibration_world && !select(results, model, "tandem", "ddp", w, 1).empty() &&
-          !select(results, model, "tandem", "ddp-no-sync", w, 1).empty()) {
-        calibration_world = w;
-      }
-    }
-    if (!calibration_world) {
-      out.notes.push_back(model + ": no synced and no-sync DDP pair on one node to calibrate from");
-      continue;
-    }
-    const auto synced = select(results, model, "tandem", "ddp", calibration_world, 1);
-    const auto no_sync = select(results, model, "tandem", "ddp-no-sync", calibration_world, 1);
-    StepProfile base;
-    base.compute_s = median_of(no_sync, &Run::p50_s) / sharing(calibration_world);  // one unshared device
-    base.backward_s = median_of(no_sync, &Run::backward_s) / sharing(calibration_world);
-    const Run& shape = *synced.front();
-    base.bucket_bytes = shape.bucket_bytes;
-    if (base.bucket_bytes.empty() && shape.buckets > 0) {  // older records: equal buckets
-      base.bucket_bytes.assign(static_cast<size_t>(shape.buckets), shape.grad_bytes / shape.buckets);
-    }
-    if (base.bucket_bytes.empty()) base.bucket_bytes.push_back(shape.grad_bytes);
-    if (!out.intra) continue;
-    const Link inter = out.inter.value_or(Link{"unset", 0, 1});
-    auto at_world = [&](int world, int nodes) {
-      StepProfile p = base;
-      const double share = sharing(world / nodes);
-      p.compute_s *= share;
-      p.backward_s *= share;
-      return p;
-    };
-    StepProfile calibrated = at_world(calibration_world, 1);
-    const auto fit = calibrate(calibrated, median_of(synced, &Run::p50_s), calibration_world, 1, *out.intra, inter);
-    base.overlap = fit.overlap;
-    base.comm_scale = fit.comm_scale;
-    // Validation: every world this run measured, one node and (netns runs) several.
-    std::map<std::pair<int, int>, double> measured;
-    const auto singles = select(results, model, "tandem", "single", 1, 1);
-    if (!singles.empty()) measured[{1, 1}] = median_of(singles, &Run::p50_s);
-    for (const auto& r : results.runs) {
-      if (r.model == model && r.impl == "tandem" && r.strategy == "ddp" && r.unsupported.empty()) {
-        measured[{r.world, r.nodes}] = median_of(select(results, model, "tandem", "ddp", r.world, r.nodes), &Run::p50_s);
-      }
-    }
-    for (const auto& [key, seconds] : measured) {
-      const auto [world, nodes] = key;
-      if (nodes > 1 && !out.inter) continue;
-      StepProfile p = at_world(world, nodes);
-      p.overlap = base.overlap;
-      p.comm_scale = base.comm_scale;
-      ValidationRow v;
-      v.model = model;
-      v.world = world;
-      v.nodes = nodes;
-      v.measured_s = seconds;
-      v.predicted_s = predict(p, world / nodes, nodes, *out.intra, inter).step_s;
-      v.calibration = world == calibration_world && nodes == 1;
-      out.validation.push_back(v);
-    }
-    for (const auto& spec : results.config.project) {
-      const auto [devices, nodes] = parse_shape(spec);
-      if (nodes > 1 && !out.inter) continue;
-      // The all-reduce scale is this machine's (its cores' contention, its ranks' skew): it
-      // carries to a shape only over links measured here, not to a preset's fabric.
-      StepProfile target = base;
-      const bool measured_links = out.intra->name == "measured" && (nodes == 1 || inter.name == "measured");
-      if (!measured_links) target.comm_scale = 1.0;
-      ProjectionRow row;
-      row.model = model;
-      row.compute_s = target.compute_s;
-      row.backward_s = target.backward_s;
-      row.overlap = target.overlap;
-      row.comm_scale = target.comm_scale;
-      row.prediction = predict(target, devices, nodes, *out.intra, inter, Algorithm::Ring);
-      row.tree_prediction = predict(target, devices, nodes, *out.intra, inter, Algorithm::Tree);
-      out.projections.push_back(row);
+    try {
+      project_model(results, model, sharing, out);
+    } catch (const Error& e) {  // a broken record costs this model its projection, not the report
+      out.notes.push_back(model + ": no projection: " + e.what());
     }
   }
   if (any_multinode && !out.inter) out.notes.push_back("runs across nodes are not validated without an inter-node link");

@@ -108,6 +108,7 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
     const bool want_accelerate =
         std::find(config.strategies.begin(), config.strategies.end(), "accelerate") != config.strategies.end();
     std::string why = bench::probe_peers(tools, want_accelerate, versions);
+    TANDEM_CHECK(why.empty() || config.peers != "on", "--peers on: ", why);
     peer_accelerate = want_accelerate && why.empty();
     if (!why.empty() && want_accelerate) {  // torch alone still gives the other peers
       std::string torch_only;
@@ -117,7 +118,6 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
         versions = torch_only;
       }
     }
-    TANDEM_CHECK(why.empty() || config.peers != "on", "--peers on: ", why);
     with_peers = why.empty();
     if (!with_peers) results.peers_note = "skipped: " + why;
     if (with_peers) std::printf("tandem bench: PyTorch peers from %s (%s)\n", tools.python.c_str(), versions.c_str());

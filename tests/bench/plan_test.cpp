@@ -36,6 +36,19 @@ TEST(Plan, EachStrategyWithItsBaselineSupportAndPeer) {
   EXPECT_TRUE(std::none_of(alone.begin(), alone.end(), [](const Measurement& m) { return m.impl == "pytorch"; }));
 }
 
+TEST(Plan, TheAcceleratorBringsTheDdpRunsItsFiguresComeFrom) {
+  BenchConfig config;
+  config.models = {"small"};
+  config.strategies = {"accelerate"};
+  config.worlds = {1, 2};
+  const auto ms = measurements(config, /*with_peers=*/true);
+  for (const char* strategy : {"accelerate", "ddp", "ddp-no-sync"}) {
+    EXPECT_TRUE(contains(ms, {"tandem", "small", strategy, 2})) << strategy;
+    EXPECT_TRUE(contains(ms, {"pytorch", "small", strategy, 2})) << strategy;
+  }
+  EXPECT_TRUE(contains(ms, {"tandem", "small", "allreduce", 2}));
+}
+
 TEST(Plan, RepeatsAlternateTheirOrderAndTheSweepComesOnce) {
   BenchConfig config;
   config.models = {"small", "large"};

@@ -120,6 +120,15 @@ TEST(Scaling, AStepThatWaitsLessThanTheLastBucketScalesItDown) {
   EXPECT_NEAR(s.validation[2].predicted_s, 0.10255, 1e-9);
 }
 
+TEST(Scaling, ABrokenRecordCostsItsModelTheProjectionNotTheReport) {
+  auto results = two_rank_run(/*cores=*/16);
+  results.runs[2].p50_s = 0;  // a no_sync step of 0 s: no compute to project from
+  const auto s = project_run(results);
+  EXPECT_TRUE(s.projections.empty());
+  ASSERT_FALSE(s.notes.empty());
+  EXPECT_NE(s.notes.back().find("small: no projection: "), std::string::npos) << s.notes.back();
+}
+
 TEST(Scaling, AMissingLinkIsANoteNotAGuess) {
   auto results = two_rank_run(16);
   results.runs.erase(results.runs.begin());  // no sweep
