@@ -166,13 +166,14 @@ TEST(Launcher, KeepsAUserOmpNumThreads) {
   EXPECT_TRUE(contains(l.out(), "[rank1]: OMP_NUM_THREADS=3"));
 }
 
-TEST(Launcher, ARankExitingWithCode3StopsTheJobWithin5Seconds) {
+// The other ranks sleep forever: the job ends only if the launcher stops them (wait's bound is a
+// hang guard, not a speed check).
+TEST(Launcher, ARankExitingWithCode3StopsTheOtherRanks) {
   TempDir dir;
   Launcher l(dir, {"--nproc-per-node", "3", "--log-dir", dir / "logs", "--", FAKE_WORKER, "exit-if-rank",
                    dir.path(), "1", "3"});
   auto pids = worker_pids(dir, 3);
   EXPECT_EQ(l.wait(10s), 1);
-  EXPECT_LT(l.seconds(), 5.0);
   EXPECT_TRUE(contains(l.err(), "rank 1 (local rank 1, pid " + std::to_string(pids[1]) +
                                     ") failed with exit code 3; its log: " + dir / "logs/attempt_0/rank_1.stderr.log"))
       << l.err();
@@ -184,7 +185,6 @@ TEST(Launcher, ARankKilledBySigkillStopsTheJob) {
   Launcher l(dir, {"--nproc-per-node", "2", "--", FAKE_WORKER, "kill-if-rank", dir.path(), "0", "0"});
   auto pids = worker_pids(dir, 2);
   EXPECT_EQ(l.wait(10s), 1);
-  EXPECT_LT(l.seconds(), 5.0);
   EXPECT_TRUE(contains(l.err(), "rank 0 (local rank 0, pid " + std::to_string(pids[0]) + ") failed with signal 9"))
       << l.err();
   expect_all_gone(pids);
@@ -226,6 +226,8 @@ TEST(Launcher, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
   wait_for_pid(dir / "ignoring_1");
   ::kill(l.pid(), SIGINT);
   EXPECT_EQ(l.wait(5s), 128 + SIGINT);
+  // A lower bound (the grace period was honoured before SIGKILL), not a speed check: a slow
+  // machine cannot fail it.
   EXPECT_GE(l.seconds(), 1.0);
   expect_all_gone(pids);
 }
@@ -256,8 +258,7 @@ TEST(Launcher, AnEscapedDescendantHoldingTheOutputDoesNotHangTheLauncher) {
   TempDir dir;
   Launcher l(dir, {"--nproc-per-node", "1", "--", FAKE_WORKER, "escape-child", dir.path()});
   pid_t escaped = wait_for_pid(dir / "escaped_0.pid");
-  EXPECT_EQ(l.wait(10s), 0);
-  EXPECT_LT(l.seconds(), 6.0);
+  EXPECT_EQ(l.wait(10s), 0);  // the escaped child sleeps forever holding the output: not waited for
   if (escaped > 0) ::kill(escaped, SIGKILL);  // it left our process group on purpose
 }
 
@@ -322,7 +323,6 @@ TEST(Launcher, AWorkerDyingBeforeRendezvousEndsTheJob) {
   TempDir dir;
   Launcher l(dir, {"--nproc-per-node", "2", "--", COLLECTIVES_WORKER}, {"TANDEM_TEST_DIE_BEFORE_RENDEZVOUS=1"});
   EXPECT_EQ(l.wait(20s), 1);
-  EXPECT_LT(l.seconds(), 10.0);  // includes loading LibTorch in both workers
   EXPECT_TRUE(contains(l.err(), "rank 1 (local rank 1, pid ")) << l.err();
   EXPECT_TRUE(contains(l.err(), "failed with exit code 5")) << l.err();
 }
