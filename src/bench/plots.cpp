@@ -1,14 +1,11 @@
 #include "bench/plots.h"
 
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,9 +14,9 @@
 #include <fstream>
 #include <set>
 #include <sstream>
-#include <thread>
 
-extern char** environ;
+#include "bench/subprocess.h"
+#include "tandem/error.h"
 
 namespace tandem::bench {
 
@@ -513,14 +510,13 @@ std::string find_gnuplot(std::string& why) {
 }
 
 bool write_file(const std::string& path, const std::string& text, std::string& why) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) {
-    why = "cannot write " + path + ": " + std::strerror(errno);
+  try {
+    write_text_file(path, text);
+    return true;
+  } catch (const Error& e) {
+    why = e.what();
     return false;
   }
-  return true;
 }
 
 std::string trim(const std::string& s) {
@@ -546,62 +542,17 @@ std::string first_error_line(const std::string& output) {
 // Runs `gnuplot script` with stdin from /dev/null and stdout+stderr into a temporary file.
 // Returns "" on success, else why not.
 std::string run_gnuplot(const std::string& gnuplot, const std::string& script) {
-  const char* tmpdir = std::getenv("TMPDIR");
-  std::string log = std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/tandem-gnuplot-XXXXXX";
-  const int fd = ::mkstemp(log.data());
-  if (fd < 0) return "cannot create a temporary file for gnuplot's output: " + std::string(std::strerror(errno));
-  ::unlink(log.c_str());  // the open descriptor keeps it; nothing is left behind
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, fd, 1);
-  posix_spawn_file_actions_adddup2(&actions, fd, 2);
-  std::vector<std::string> args{gnuplot, script};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, gnuplot.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    ::close(fd);
-    return "cannot run " + gnuplot + ": " + std::strerror(rc);
-  }
-
-  // A plot takes well under a second; a gnuplot stuck for two minutes is killed.
-  int status = 0;
-  bool timed_out = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  for (;;) {
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) break;
-    if (r < 0 && errno != EINTR) {
-      status = -1;
-      break;
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      timed_out = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-
+  // A plot takes well under a second; a gnuplot stuck for two minutes is stopped.
+  Finished finished;
   std::string output;
-  char buf[4096];
-  ssize_t n;
-  off_t offset = 0;
-  while ((n = ::pread(fd, buf, sizeof buf, offset)) > 0 && output.size() < (1 << 20)) {
-    output.append(buf, static_cast<size_t>(n));
-    offset += n;
+  try {
+    output = output_of({gnuplot, script}, 120, finished);
+  } catch (const Error& e) {
+    return "cannot run " + gnuplot + ": " + e.what();
   }
-  ::close(fd);
-
-  if (timed_out) return "gnuplot did not finish within 120 s";
-  if (status == -1) return "cannot wait for gnuplot: " + std::string(std::strerror(errno));
+  if (output.size() > (1 << 20)) output.resize(1 << 20);
+  const int status = finished.status;
+  if (finished.timed_out) return "gnuplot did not finish within 120 s";
   if (WIFSIGNALED(status)) return "gnuplot was killed by signal " + std::to_string(WTERMSIG(status));
   if (WEXITSTATUS(status) != 0) {
     return "gnuplot failed (exit " + std::to_string(WEXITSTATUS(status)) + "): " + first_error_line(output);

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <cstdio>
 #include <ctime>
 #include <memory>
@@ -42,18 +43,6 @@ std::string utc_now() {
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   return buf;
-}
-
-void make_directories(const std::string& path) {
-  std::string partial;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || path[i] == '/') {
-      if (!partial.empty() && ::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-        throw Error(message("cannot create ", partial, ": ", std::strerror(errno)));
-      }
-    }
-    if (i < path.size()) partial += path[i];
-  }
 }
 
 std::string describe(const bench::Measurement& m) {
@@ -134,7 +123,9 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
                                  }),
                   planned.end());
   }
-  make_directories(flags.out + "/logs");
+  std::error_code ec;
+  std::filesystem::create_directories(flags.out + "/logs", ec);
+  TANDEM_CHECK(!ec, "--out: cannot create ", flags.out, "/logs: ", ec.message());
   std::printf("tandem bench: %zu measurements (%d repeats, %d steps + %d warm-up each) into %s\n", planned.size(),
               config.repeats, config.steps, config.warmup, flags.out.c_str());
   std::fflush(stdout);
