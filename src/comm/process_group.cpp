@@ -7,12 +7,21 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "comm/call_check.h"
+#include "comm/collective_call.h"
+#include "comm/failure_report.h"
 #include "comm/nccl_backend.h"
 #include "tandem/comm/net.h"
 #include "tandem/error.h"
 
 namespace tandem::comm {
 namespace {
+
+using detail::CollectiveCall;
+using detail::CollectiveKind;
+
+// Calls remembered for wait() to name: DDP keeps a few buckets in flight, never thousands.
+constexpr size_t kMaxInFlight = 1024;
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -37,11 +46,6 @@ std::shared_ptr<gloo::transport::Device> gloo_device(const World& world) {
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
   return c10d::ProcessGroupGloo::createDeviceForHostname(local_address_towards(world.master_addr));
-}
-
-std::string describe(const char* op, const at::Tensor& t) {
-  return std::string(op) + " of " + std::to_string(t.numel()) + " " +
-         std::string(c10::toString(t.scalar_type())) + " on " + t.device().str();
 }
 
 void check_dense(const char* op, const at::Tensor& t) {
@@ -71,6 +75,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const World& world,
   if (options.timeout().count() <= 0) throw Error("ProcessGroupOptions.timeout must be positive");
   if (options.gloo_threads() < 1) throw Error("ProcessGroupOptions.gloo_threads must be >= 1");
   std::shared_ptr<ProcessGroup> pg(new ProcessGroup(world, options));
+  pg->debug_level_ = options.debug() ? *options.debug() : debug_level_from_env();
   pg->store_ = rendezvous(world, options.rendezvous_timeout());
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
@@ -116,12 +121,74 @@ const c10::intrusive_ptr<c10d::Backend>& ProcessGroup::backend_for(const c10::De
   return gloo_;
 }
 
+uint64_t ProcessGroup::last_sequence_number() const {
+  std::lock_guard<std::mutex> hold(calls_mutex_);
+  return last_seq_;
+}
+
+CollectiveCall ProcessGroup::begin(CollectiveKind kind, const at::Tensor* tensor, int64_t detail) {
+  CollectiveCall call;
+  {
+    std::lock_guard<std::mutex> hold(calls_mutex_);
+    call = CollectiveCall::of(++last_seq_, kind, tensor, detail);
+  }
+  if (debug_level_ == DebugLevel::Detail && size() > 1) {
+    try {
+      detail::check_same_call(*gloo_, call, size(), options_.timeout());
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw failure(call.describe() + " (its debug check)", &call, e);
+    }
+  }
+  return call;
+}
+
+void ProcessGroup::remember(const c10::intrusive_ptr<c10d::Work>& work, const CollectiveCall& call) {
+  std::lock_guard<std::mutex> hold(calls_mutex_);
+  if (in_flight_.size() == kMaxInFlight) in_flight_.pop_front();
+  in_flight_.emplace_back(work.get(), std::make_shared<CollectiveCall>(call));
+}
+
+Error ProcessGroup::failure(const std::string& what, const CollectiveCall* call, const std::exception& cause) const {
+  std::string text = what + " failed on rank " + std::to_string(rank()) + " of " + std::to_string(size());
+  if (call) text += " at collective #" + std::to_string(call->seq);
+  text += ": " + one_line(cause);
+  if (call && size() > 1) {
+    std::string others;
+    {
+      std::lock_guard<std::mutex> hold(calls_mutex_);
+      others = first_failure_;
+    }
+    // Note [Naming the missing rank]: asked once; the buckets that fail after the first one are
+    // the same outage, and must not each wait the report window again.
+    if (others.empty()) {
+      others = detail::explain_failure(*store_, rank(), size(), *call);
+      if (others.empty()) others = "every rank was in this collective";
+      std::lock_guard<std::mutex> hold(calls_mutex_);
+      first_failure_ = others;
+    }
+    text += "; " + others;
+  }
+  return Error(text);
+}
+
 void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
+  std::shared_ptr<CollectiveCall> call;
+  {
+    std::lock_guard<std::mutex> hold(calls_mutex_);
+    for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it) {
+      if (it->first == work.get()) {
+        call = it->second;
+        in_flight_.erase(it);
+        break;
+      }
+    }
+  }
   try {
     work->wait(options_.timeout());
   } catch (const std::exception& e) {
-    throw Error(what + " failed on rank " + std::to_string(rank()) + " of " +
-                std::to_string(size()) + ": " + one_line(e));
+    throw failure(what, call.get(), e);
   }
 }
 
@@ -131,11 +198,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(at::Tensor& tensor
     throw Error("asynchronous all_reduce Avg is not available on Gloo: pre-divide and use Sum, "
                 "or call all_reduce()");
   }
+  const auto& backend = backend_for(tensor.device());
+  const CollectiveCall call = begin(CollectiveKind::AllReduce, &tensor, static_cast<int64_t>(op));
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
   opts.timeout = options_.timeout();
-  return backend_for(tensor.device())->allreduce(tensors, opts);
+  auto work = backend->allreduce(tensors, opts);
+  remember(work, call);
+  return work;
 }
 
 void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
@@ -146,18 +217,23 @@ void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
                 c10::toString(tensor.scalar_type()));
   }
   auto work = all_reduce_async(tensor, avg_by_division ? ReduceOp::Sum : op);
-  wait(work, describe("all_reduce", tensor) + " (" + to_string(op) + ")");
+  // The words name the operation the caller asked for (avg), not the sum that implements it.
+  wait(work, CollectiveCall::of(0, CollectiveKind::AllReduce, &tensor, static_cast<int64_t>(op)).describe());
   if (avg_by_division) tensor.div_(size());
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   check_dense("broadcast", tensor);
   if (root < 0 || root >= size()) throw Error("broadcast root " + std::to_string(root) + " is not a rank");
+  const auto& backend = backend_for(tensor.device());
+  const CollectiveCall call = begin(CollectiveKind::Broadcast, &tensor, root);
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = options_.timeout();
-  wait(backend_for(tensor.device())->broadcast(tensors, opts), describe("broadcast", tensor));
+  auto work = backend->broadcast(tensors, opts);
+  remember(work, call);
+  wait(work, call.describe());
 }
 
 void ProcessGroup::broadcast_coalesced(std::vector<at::Tensor>& tensors, int root) {
@@ -193,19 +269,26 @@ void ProcessGroup::broadcast_coalesced(std::vector<at::Tensor>& tensors, int roo
 
 std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
   check_dense("all_gather", tensor);
+  const auto& backend = backend_for(tensor.device());
+  const CollectiveCall call = begin(CollectiveKind::AllGather, &tensor, 0);
   std::vector<at::Tensor> inputs{tensor};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(tensor));
   c10d::AllgatherOptions opts;
   opts.timeout = options_.timeout();
-  wait(backend_for(tensor.device())->allgather(outputs, inputs, opts), describe("all_gather", tensor));
+  auto work = backend->allgather(outputs, inputs, opts);
+  remember(work, call);
+  wait(work, call.describe());
   return outputs[0];
 }
 
 void ProcessGroup::barrier() {
+  const CollectiveCall call = begin(CollectiveKind::Barrier, nullptr, 0);
   c10d::BarrierOptions opts;
   opts.timeout = options_.timeout();
-  wait(gloo_->barrier(opts), "barrier");
+  auto work = gloo_->barrier(opts);
+  remember(work, call);
+  wait(work, call.describe());
 }
 
 }  // namespace tandem::comm

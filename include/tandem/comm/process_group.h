@@ -5,13 +5,24 @@
 // c10d::ProcessGroupNCCL (where Tandem was built with CUDA and a GPU is present). Both share the
 // rendezvous store. Destruction shuts the backends down before the store.
 //
+// Every collective gets a sequence number (1, 2, ...), the same on every rank for the same call.
+// A failed one says which: "all_reduce of 4 Float on cpu (sum) failed on rank 0 of 2 at
+// collective #12: <cause>; rank 1 did not arrive (...)" (docs/reliability.md). With
+// TANDEM_DEBUG=DETAIL the ranks also compare each call before making it (tandem/comm/debug.h).
+//
 // Example:
 //   auto world = tandem::comm::World::from_env();
 //   auto pg = tandem::comm::ProcessGroup::create(world);
 //   auto t = torch::ones({4});
 //   pg->all_reduce(t, tandem::comm::ReduceOp::Avg);
 #include <chrono>
+#include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -20,10 +31,16 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "tandem/comm/debug.h"
 #include "tandem/comm/rendezvous.h"
 #include "tandem/comm/world.h"
+#include "tandem/error.h"
 
 namespace tandem::comm {
+namespace detail {
+struct CollectiveCall;
+enum class CollectiveKind : int64_t;
+}  // namespace detail
 
 /// PyTorch's default collective timeout for Gloo is 30 minutes; ours is shorter because a job
 /// that waits 10 minutes on a dead peer has already failed.
@@ -46,6 +63,8 @@ struct ProcessGroupOptions {
   TORCH_ARG(int, gloo_threads) = 2;
   /// Create the NCCL backend when this build has it and a GPU is visible.
   TORCH_ARG(bool, use_nccl) = true;
+  /// Collective debug level; unset: TANDEM_DEBUG, else TORCH_DISTRIBUTED_DEBUG, else Off.
+  TORCH_ARG(std::optional<DebugLevel>, debug) = std::nullopt;
 };
 
 class ProcessGroup {
@@ -63,6 +82,9 @@ class ProcessGroup {
   const ProcessGroupOptions& options() const { return options_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   bool has_nccl() const { return static_cast<bool>(nccl_); }
+  DebugLevel debug_level() const { return debug_level_; }
+  /// The sequence number of the last collective issued (0 before the first).
+  uint64_t last_sequence_number() const;
 
   /// The c10d backend that serves tensors on `device` (Gloo for CPU, NCCL for CUDA).
   const c10::intrusive_ptr<c10d::Backend>& backend_for(const c10::Device& device) const;
@@ -80,17 +102,29 @@ class ProcessGroup {
   std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
   void barrier();
 
-  /// Waits for `work`, turning a c10d failure into a one-line tandem::Error about `what`.
+  /// Waits for `work`, turning a c10d failure into a one-line tandem::Error about `what` that
+  /// names the collective's sequence number and the ranks that did not arrive.
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const;
 
  private:
   ProcessGroup(World world, ProcessGroupOptions options);
+  /// Numbers the next call and, in debug mode, checks it against the other ranks'.
+  detail::CollectiveCall begin(detail::CollectiveKind kind, const at::Tensor* tensor, int64_t detail);
+  void remember(const c10::intrusive_ptr<c10d::Work>& work, const detail::CollectiveCall& call);
+  /// The error for a failed collective: `what`, where, the cause, and the other ranks' whereabouts.
+  Error failure(const std::string& what, const detail::CollectiveCall* call, const std::exception& cause) const;
 
   World world_;
   ProcessGroupOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
   c10::intrusive_ptr<c10d::Backend> nccl_;
+  DebugLevel debug_level_ = DebugLevel::Off;
+
+  mutable std::mutex calls_mutex_;  // collectives may be issued from autograd threads
+  uint64_t last_seq_ = 0;
+  mutable std::deque<std::pair<const c10d::Work*, std::shared_ptr<detail::CollectiveCall>>> in_flight_;
+  mutable std::string first_failure_;  // asked once: later failures of the same outage reuse it
 };
 
 }  // namespace tandem::comm

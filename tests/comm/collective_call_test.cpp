@@ -1,0 +1,116 @@
+// The pieces behind "collective #N failed; rank R did not arrive" and the debug mode's check:
+// the call record, its wire form, and the failure report, over an in-process store standing in
+// for the other ranks.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "comm/collective_call.h"
+#include "comm/failure_report.h"
+#include "tandem/comm/debug.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/error.h"
+
+namespace tandem::comm::detail {
+namespace {
+
+using testing::HasSubstr;
+
+CollectiveCall sum_of(uint64_t seq, const at::Tensor& t) {
+  return CollectiveCall::of(seq, CollectiveKind::AllReduce, &t, static_cast<int64_t>(ReduceOp::Sum));
+}
+
+TEST(CollectiveCall, DescribesInTheWordsErrorsUse) {
+  auto t = at::zeros({2, 3});
+  EXPECT_EQ(sum_of(7, t).describe(), "all_reduce of 6 Float on cpu (sum)");
+  EXPECT_EQ(sum_of(7, t).describe_with_shape(), "all_reduce (sum) of Float[2, 3] on cpu");
+  auto ints = at::zeros({5}, at::kLong);
+  EXPECT_EQ(CollectiveCall::of(1, CollectiveKind::Broadcast, &ints, 3).describe_with_shape(),
+            "broadcast (root 3) of Long[5] on cpu");
+  EXPECT_EQ(CollectiveCall::of(1, CollectiveKind::Barrier, nullptr).describe(), "barrier");
+}
+
+TEST(CollectiveCall, WireFormRoundTrips) {
+  auto t = at::zeros({2, 1, 3}, at::kDouble);
+  const auto call = sum_of(42, t);
+  const auto values = call.encode();
+  ASSERT_EQ(static_cast<int64_t>(values.size()), CollectiveCall::kEncodedLength);
+  const auto back = CollectiveCall::decode(values.data());
+  EXPECT_TRUE(back.same_call(call));
+  EXPECT_EQ(back.seq, 42u);
+  EXPECT_EQ(back.describe_with_shape(), call.describe_with_shape());
+}
+
+TEST(CollectiveCall, ManyDimensionsKeepNdimAndNumel) {
+  auto t = at::zeros({1, 1, 1, 1, 1, 1, 1, 1, 2, 3});
+  const auto back = CollectiveCall::decode(sum_of(1, t).encode().data());
+  EXPECT_EQ(back.ndim, 10);
+  EXPECT_EQ(back.numel, 6);
+  EXPECT_THAT(back.describe_with_shape(), HasSubstr("Float[1, 1, 1, 1, 1, 1, 1, 1, ...]"));
+}
+
+TEST(CollectiveCall, SameCallComparesEverythingButTheDeviceIndex) {
+  auto a = at::zeros({4});
+  auto b = at::zeros({5});
+  EXPECT_TRUE(sum_of(3, a).same_call(sum_of(3, a)));
+  EXPECT_FALSE(sum_of(3, a).same_call(sum_of(4, a)));  // one rank skipped a call
+  EXPECT_FALSE(sum_of(3, a).same_call(sum_of(3, b)));
+  EXPECT_FALSE(sum_of(3, a).same_call(sum_of(3, a.to(at::kDouble))));
+  auto max = CollectiveCall::of(3, CollectiveKind::AllReduce, &a, static_cast<int64_t>(ReduceOp::Max));
+  EXPECT_FALSE(sum_of(3, a).same_call(max));
+  auto other_index = sum_of(3, a);
+  other_index.device_index = 1;
+  EXPECT_TRUE(sum_of(3, a).same_call(other_index));
+}
+
+TEST(FailureReport, ListsRanks) {
+  EXPECT_EQ(list_ranks({1}), "1");
+  EXPECT_EQ(list_ranks({1, 3}), "1 and 3");
+  EXPECT_EQ(list_ranks({0, 2, 3}), "0, 2 and 3");
+}
+
+// Rank 0 of 4 fails at #9: rank 2 reports the same call, rank 1 another one, rank 3 nothing.
+TEST(FailureReport, NamesSilentRanksAndRanksElsewhere) {
+  c10d::HashStore store;
+  auto t = at::zeros({4});
+  auto post = [&](int rank, const CollectiveCall& call) {
+    std::string text;
+    for (auto v : call.encode()) text += std::to_string(v) + " ";
+    store.set("tandem/failed_collective/" + std::to_string(rank), std::vector<uint8_t>(text.begin(), text.end()));
+  };
+  post(2, sum_of(9, t));
+  post(1, CollectiveCall::of(9, CollectiveKind::Barrier, nullptr));
+  const std::string text = explain_failure(store, 0, 4, sum_of(9, t), std::chrono::milliseconds(200));
+  EXPECT_EQ(text,
+            "rank 3 did not arrive (no report within 200 ms of the failure: stuck outside collectives, or exited); "
+            "rank 1 was in collective #9, barrier");
+  // Our own report is there for the others to read.
+  EXPECT_TRUE(store.check({"tandem/failed_collective/0"}));
+}
+
+TEST(FailureReport, EveryoneInTheSameCallSaysNothing) {
+  c10d::HashStore store;
+  auto t = at::zeros({4});
+  std::string text;
+  for (auto v : sum_of(5, t).encode()) text += std::to_string(v) + " ";
+  store.set("tandem/failed_collective/1", std::vector<uint8_t>(text.begin(), text.end()));
+  EXPECT_EQ(explain_failure(store, 0, 2, sum_of(5, t), std::chrono::milliseconds(200)), "");
+}
+
+TEST(DebugLevel, ParsesPyTorchsValues) {
+  EXPECT_EQ(parse_debug_level("DETAIL", "TANDEM_DEBUG"), DebugLevel::Detail);
+  EXPECT_EQ(parse_debug_level("detail", "TANDEM_DEBUG"), DebugLevel::Detail);
+  EXPECT_EQ(parse_debug_level("INFO", "TANDEM_DEBUG"), DebugLevel::Info);
+  EXPECT_EQ(parse_debug_level("off", "TANDEM_DEBUG"), DebugLevel::Off);
+  try {
+    parse_debug_level("verbose", "TORCH_DISTRIBUTED_DEBUG");
+    FAIL() << "accepted 'verbose'";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "TORCH_DISTRIBUTED_DEBUG='verbose' is not a debug level: use OFF, INFO or DETAIL");
+  }
+}
+
+}  // namespace
+}  // namespace tandem::comm::detail

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# collective_fault.sh TANDEM BINARY NPROC SCENARIO TIMEOUT_MS REGEX: runs one scenario of
+# collective_faults.cpp as a `tandem run` job with a collective timeout of TIMEOUT_MS. Passes when
+#   - the launcher exits non-zero, and never hangs (killed after TIMEOUT_MS + 60 s),
+#   - a line matches the extended REGEX (the error names the call, its number, the missing rank),
+#   - every rank that reports "detected after N ms" detected within TIMEOUT_MS + 5 s: the bound
+#     docs/reliability.md promises (a rank stuck forever must cost the others no more than that).
+set -u
+tandem="$1"; binary="$2"; nproc="$3"; scenario="$4"; timeout_ms="$5"; pattern="$6"
+out="$(mktemp)"; trap 'rm -f "$out"' EXIT
+limit=$(( timeout_ms / 1000 + 60 ))
+start=$(date +%s%N)
+TANDEM_TEST_COLLECTIVE_TIMEOUT_MS="$timeout_ms" timeout --kill-after=5 "$limit" \
+  "$tandem" run --nproc-per-node "$nproc" -- "$binary" "--scenario=$scenario" > "$out" 2>&1
+rc=$?
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+cat "$out"
+echo "collective_fault: $scenario: launcher exit $rc after $elapsed_ms ms (collective timeout $timeout_ms ms)"
+fail() { echo "FAIL: $*"; exit 1; }
+[[ $rc -ne 0 ]] || fail "the job succeeded"
+[[ $rc -ne 124 && $rc -ne 137 ]] || fail "the job hung (killed after $limit s)"
+grep -Eq "$pattern" "$out" || fail "no line matches: $pattern"
+bound=$(( timeout_ms + 5000 ))
+detected=$(grep -Eo 'detected after [0-9]+ ms' "$out" | grep -Eo '[0-9]+' | sort -n | tail -1)
+[[ -n "$detected" ]] || fail "no rank reported when it detected the fault"
+(( detected <= bound )) || fail "detected after $detected ms, more than the timeout + 5 s ($bound ms)"
+echo "collective_fault: ok (slowest detection $detected ms, bound $bound ms)"

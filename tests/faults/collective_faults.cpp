@@ -1,0 +1,128 @@
+// Collective faults, each a scenario run as every rank of a `tandem run` job by
+// tests/faults/collective_fault.sh, which checks the exit status, the message and the time taken.
+//   hang-rank-1        rank 1 stops calling collectives after three all-reduces
+//   hang-in-ddp        rank 1 stops before its third DDP backward
+//   exit-rank-1        rank 1 returns (its data ran out) while rank 0 trains on
+//   mismatch-shape     TANDEM_DEBUG=DETAIL: the ranks all-reduce tensors of different shapes
+//   mismatch-op        TANDEM_DEBUG=DETAIL: rank 0 all-reduces while rank 1 broadcasts
+// Each rank prints "detected after N ms" once its collective failed: the time from entering the
+// collective that never completed to the error.
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <torch/nn.h>
+#include <torch/optim/sgd.h>
+
+#include "support/distributed_main.h"
+#include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/error.h"
+
+namespace {
+
+using tandem::test::pg;
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void stop_forever() {
+  std::fprintf(stderr, "rank %d: no longer calling collectives (test injection)\n", pg().rank());
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+// Runs `body`, which must fail; prints the time it took and the error, returns 1.
+template <typename Body>
+int must_fail(Body body) {
+  const auto start = Clock::now();
+  try {
+    body();
+  } catch (const std::exception& e) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    std::fprintf(stderr, "rank %d: %s\nrank %d: detected after %lld ms\n", pg().rank(), tandem::one_line(e).c_str(),
+                 pg().rank(), static_cast<long long>(ms));
+    return 1;
+  }
+  std::fprintf(stderr, "rank %d: the collective unexpectedly succeeded\n", pg().rank());
+  return 2;
+}
+
+int warm_up() {
+  for (int i = 0; i < 3; ++i) {
+    auto t = at::ones({4});
+    pg().all_reduce(t);
+  }
+  return 0;
+}
+
+int hang_rank_1() {
+  warm_up();
+  if (pg().rank() == 1) stop_forever();
+  return must_fail([] {
+    auto t = at::ones({4});
+    pg().all_reduce(t);
+  });
+}
+
+int exit_rank_1() {
+  warm_up();
+  if (pg().rank() == 1) {
+    std::fprintf(stderr, "rank 1: out of data, returning (test injection)\n");
+    return 0;
+  }
+  return must_fail([] {
+    for (int i = 0; i < 100; ++i) {
+      auto t = at::ones({4});
+      pg().all_reduce(t);
+    }
+  });
+}
+
+int hang_in_ddp() {
+  torch::manual_seed(0);
+  auto model = tandem::ddp::DistributedDataParallel(
+      torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1)), tandem::test::shared_pg(),
+      tandem::ddp::DistributedDataParallelOptions().bucket_cap_mb(0.0005));
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  for (int step = 0; step < 5; ++step) {
+    if (step == 2 && pg().rank() == 1) stop_forever();
+    auto x = torch::randn({4, 8});
+    sgd.zero_grad();
+    if (step < 2) {
+      model->forward(x).sum().backward();
+    } else {
+      return must_fail([&] { model->forward(x).sum().backward(); });
+    }
+    sgd.step();
+  }
+  return 2;
+}
+
+int mismatch_shape() {
+  warm_up();
+  return must_fail([] {
+    auto t = at::ones({pg().rank() == 0 ? 4 : 5});
+    pg().all_reduce(t);
+  });
+}
+
+int mismatch_op() {
+  warm_up();
+  return must_fail([] {
+    auto t = at::ones({2, 2});
+    if (pg().rank() == 0) {
+      pg().all_reduce(t);
+    } else {
+      pg().broadcast(t, 0);
+    }
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return tandem::test::distributed_test_main(argc, argv,
+                                             {{"hang-rank-1", hang_rank_1},
+                                              {"exit-rank-1", exit_rank_1},
+                                              {"hang-in-ddp", hang_in_ddp},
+                                              {"mismatch-shape", mismatch_shape},
+                                              {"mismatch-op", mismatch_op}});
+}

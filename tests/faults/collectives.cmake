@@ -1,0 +1,24 @@
+# Fault matrix, collective side (docs/reliability.md): a rank that stops calling collectives, a
+# rank that exits early, and mismatched calls under TANDEM_DEBUG=DETAIL. Each ends the job with
+# an error naming the call, its sequence number and the ranks concerned, within the collective
+# timeout (3 s here) plus 5 s.
+add_executable(collective_faults faults/collective_faults.cpp)
+target_link_libraries(collective_faults PRIVATE tandem_test_support)
+tandem_test_target(collective_faults)
+tandem_reuse_pch(collective_faults)
+set(_fault ${CMAKE_CURRENT_SOURCE_DIR}/faults/collective_fault.sh ${TANDEM_CLI_PATH} $<TARGET_FILE:collective_faults>)
+add_test(NAME faults.hung_rank.gloo2 COMMAND ${_fault} 2 hang-rank-1 3000
+  "all_reduce of 4 Float on cpu \\(sum\\) failed on rank 0 of 2 at collective #4: .*rank 1 did not arrive")
+add_test(NAME faults.hung_rank.gloo4 COMMAND ${_fault} 4 hang-rank-1 3000
+  "failed on rank [023] of 4 at collective #4: .*rank 1 did not arrive")
+add_test(NAME faults.hung_rank.ddp COMMAND ${_fault} 2 hang-in-ddp 3000
+  "DDP gradient all_reduce of [0-9]+ Float failed on rank 0 of 2 at collective #[0-9]+: .*rank 1 did not arrive")
+add_test(NAME faults.exited_rank.gloo2 COMMAND ${_fault} 2 exit-rank-1 3000
+  "failed on rank 0 of 2 at collective #[0-9]+: .*rank 1 did not arrive")
+add_test(NAME faults.debug.shape_mismatch COMMAND ${_fault} 2 mismatch-shape 3000
+  "collective #4 differs across ranks \\(TANDEM_DEBUG=DETAIL\\): rank 0 calls #4 all_reduce \\(sum\\) of Float\\[4\\] on cpu; rank 1 calls #4 all_reduce \\(sum\\) of Float\\[5\\] on cpu")
+add_test(NAME faults.debug.op_mismatch COMMAND ${_fault} 2 mismatch-op 3000
+  "rank 0 calls #4 all_reduce \\(sum\\) of Float\\[2, 2\\] on cpu; rank 1 calls #4 broadcast \\(root 0\\) of Float\\[2, 2\\] on cpu")
+set_tests_properties(faults.debug.shape_mismatch faults.debug.op_mismatch PROPERTIES ENVIRONMENT TANDEM_DEBUG=DETAIL)
+set_tests_properties(faults.hung_rank.gloo2 faults.hung_rank.gloo4 faults.hung_rank.ddp faults.exited_rank.gloo2
+  faults.debug.shape_mismatch faults.debug.op_mismatch PROPERTIES LABELS "faults;multiprocess" TIMEOUT 120)
