@@ -2,10 +2,13 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 #include <torch/nn/utils/clip_grad.h>
@@ -430,6 +433,89 @@ void Accelerator::load_state(const std::string& path) {
     (void)save;
     load(reader.read("custom/" + name));
   }
+}
+
+// Note [Auto-resume]
+// A restarted job (`tandem run --max-restarts`, a preempted job submitted again) calls
+// load_state_if_any(root) before its loop, as accelerate users call load_state on their newest
+// folder. Only committed checkpoints are candidates (list_checkpoints): a writer killed in the
+// middle of save_state leaves a hidden `.tmp-` folder, which is never listed, so the job resumes
+// from the checkpoint before it. Every process lists `root` itself (a shared file system), so the
+// processes first agree on what they saw: a process that resumed while another started afresh
+// would train different weights without a word. After loading they agree again on success, so
+// that a file damaged for one process stops every process at once instead of leaving the others
+// blocked in their first collective until the collective timeout.
+namespace {
+
+constexpr int64_t kNoCheckpoint = -1, kCannotList = -2;
+
+/// The step in a list_checkpoints path ("…/checkpoint_000120" -> 120), saturating, and a hash of
+/// the name, so that two names with equal steps ("checkpoint_8", "checkpoint_008") differ.
+std::pair<int64_t, int64_t> identify(const std::string& path) {
+  const std::string name = path.substr(path.rfind('/') + 1);
+  const std::string digits = name.substr(std::string(accelerate::kCheckpointPrefix).size());
+  errno = 0;
+  const long long step = std::strtoll(digits.c_str(), nullptr, 10);
+  return {errno == ERANGE ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(step),
+          static_cast<int64_t>(std::hash<std::string>{}(name) >> 1)};
+}
+
+std::string describe_seen(int64_t step) {
+  if (step == kNoCheckpoint) return "none";
+  if (step == kCannotList) return "cannot list it";
+  return "checkpoint of step " + std::to_string(step);
+}
+
+}  // namespace
+
+std::optional<std::string> Accelerator::load_state_if_any(const std::string& root) {
+  std::optional<std::string> newest;
+  std::string list_error;
+  try {
+    const auto found = accelerate::list_checkpoints(root);
+    if (!found.empty()) newest = found.back();
+  } catch (const std::exception& e) {
+    list_error = one_line(e);
+  }
+  const bool distributed = pg_ && pg_->size() > 1;
+  if (distributed) {
+    const auto mine = !list_error.empty() ? std::make_pair(kCannotList, int64_t{0})
+                      : newest            ? identify(*newest)
+                                          : std::make_pair(kNoCheckpoint, int64_t{0});
+    const auto all = pg_->all_gather(at::tensor({mine.first, mine.second}, at::kLong));
+    bool same = true, unlistable = false;
+    std::string seen;
+    for (size_t r = 0; r < all.size(); ++r) {
+      const int64_t step = all[r][0].item<int64_t>(), hash = all[r][1].item<int64_t>();
+      same = same && step == mine.first && hash == mine.second;
+      unlistable = unlistable || step == kCannotList;
+      seen += message(r ? ", " : "", "rank ", r, " ", describe_seen(step));
+    }
+    TANDEM_CHECK(list_error.empty(), "load_state_if_any: ", list_error);
+    TANDEM_CHECK(!unlistable, "load_state_if_any: ", root, ": another process cannot list it (", seen, ")");
+    TANDEM_CHECK(same, "load_state_if_any: the processes see different checkpoints under ", root, " (", seen,
+                 "): every process must see the same folder, e.g. on a shared file system");
+  }
+  TANDEM_CHECK(list_error.empty(), "load_state_if_any: ", list_error);
+  if (!newest) return std::nullopt;
+  std::string load_error;
+  try {
+    load_state(*newest);
+  } catch (const std::exception& e) {
+    load_error = one_line(e);
+  }
+  if (distributed) {
+    const auto all = pg_->all_gather(at::full({1}, load_error.empty() ? 0 : 1, at::kInt));
+    std::string failed;
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r].item<int>() != 0) failed += message(failed.empty() ? "" : ", ", r);
+    }
+    TANDEM_CHECK(load_error.empty(), load_error);
+    TANDEM_CHECK(failed.empty(), "load_state_if_any: rank(s) ", failed, " failed to load ", *newest,
+                 " (their own error says why); this process loaded it but stops too");
+  }
+  TANDEM_CHECK(load_error.empty(), load_error);
+  return newest;
 }
 
 }  // namespace tandem

@@ -202,6 +202,10 @@ class Accelerator {
   std::string save_state(const std::string& root);
   /// Restores what save_state wrote from a checkpoint folder (or from the newest under a root).
   void load_state(const std::string& path);
+  /// Auto-resume (Note [Auto-resume]): restores the newest committed checkpoint under `root` and
+  /// returns its path, or returns nothing when `root` holds none (or does not exist) — the same
+  /// answer on every process, or every process throws. Every process calls it.
+  std::optional<std::string> load_state_if_any(const std::string& root);
 
  private:
   friend class MainProcessFirst;

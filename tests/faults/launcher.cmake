@@ -1,0 +1,29 @@
+# Fault matrix, launcher and checkpoint side (docs/reliability.md): kill -9 of a rank under
+# `tandem run --max-restarts 1` resumes bit-identically, kill -9 inside save_state leaves the
+# previous checkpoint as the one to resume, SIGTERM lets workers finish a checkpoint within the
+# grace period, and the rendezvous store refuses strangers. Every script bounds every wait (no
+# hang) and judges results against an uninterrupted run, never against a speed.
+add_executable(fault_trainer faults/fault_trainer.cpp)
+target_link_libraries(fault_trainer PRIVATE tandem)
+target_include_directories(fault_trainer SYSTEM PRIVATE ${TANDEM_JSON_INCLUDE_DIR})
+tandem_test_target(fault_trainer)
+tandem_reuse_pch(fault_trainer)
+
+set(_faults ${CMAKE_CURRENT_SOURCE_DIR}/faults)
+set(_trainer ${TANDEM_CLI_PATH} $<TARGET_FILE:fault_trainer>)
+set(_reference ${CMAKE_CURRENT_BINARY_DIR}/faults_reference)
+# The uninterrupted run every restart and checkpoint case is compared with (20 steps, k = 4).
+add_test(NAME faults.reference COMMAND ${_faults}/reference.sh ${_trainer} ${_reference})
+set_tests_properties(faults.reference PROPERTIES FIXTURES_SETUP faults_reference)
+add_test(NAME faults.restart.kill9_mid_epoch COMMAND ${_faults}/restart_test.sh ${_trainer} ${_reference})
+add_test(NAME faults.checkpoint.kill9_during_save COMMAND ${_faults}/kill_during_save_test.sh ${_trainer} ${_reference})
+add_test(NAME faults.sigterm.checkpoint_in_grace COMMAND ${_faults}/sigterm_test.sh ${_trainer} ${_reference})
+set_tests_properties(faults.restart.kill9_mid_epoch faults.checkpoint.kill9_during_save faults.sigterm.checkpoint_in_grace
+  PROPERTIES FIXTURES_REQUIRED faults_reference)
+# Rendezvous hardening: loopback-only store, run ids, busy and free ports.
+foreach(_case loopback run_id busy_port)
+  add_test(NAME faults.rendezvous.${_case} COMMAND ${_faults}/rendezvous_test.sh ${_case} ${_trainer})
+endforeach()
+set_tests_properties(faults.reference faults.restart.kill9_mid_epoch faults.checkpoint.kill9_during_save
+  faults.sigterm.checkpoint_in_grace faults.rendezvous.loopback faults.rendezvous.run_id faults.rendezvous.busy_port
+  PROPERTIES LABELS "faults;multiprocess" TIMEOUT 240)
