@@ -307,15 +307,20 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
     manifest = json::parse(text);
   } catch (const json::parse_error& e) {
     throw Error(message(where, ": manifest.json is not valid JSON (error at byte ", e.byte, "): the manifest is damaged"));
+  } catch (const json::exception&) {  // out_of_range: a number beyond a double ("1e999")
+    throw Error(message(where, ": manifest.json is not valid JSON (a number out of range): the manifest is damaged"));
   }
   TANDEM_CHECK(manifest.is_object() && manifest.contains("format") && manifest["format"] == kFormat, where,
                ": manifest.json is not a Tandem checkpoint manifest (it lacks \"format\": \"tandem-checkpoint\")");
   const json& version = manifest.contains("version") ? manifest["version"] : json();
   TANDEM_CHECK(version.is_number_integer(), where, ": manifest.json has no integer \"version\": the manifest is damaged");
-  TANDEM_CHECK(version.get<int64_t>() <= kCheckpointFormatVersion, where, ": manifest.json has format version ",
-               version.get<int64_t>(), ", newer than the ", kCheckpointFormatVersion, " this Tandem reads: upgrade Tandem");
-  TANDEM_CHECK(version.get<int64_t>() == kCheckpointFormatVersion, where, ": manifest.json has format version ",
-               version.get<int64_t>(), ", not ", kCheckpointFormatVersion);
+  // An unsigned version above INT64_MAX read as int64_t would wrap to a negative one: compare as stored.
+  const bool newer = version.is_number_unsigned() ? version.get<uint64_t>() > kCheckpointFormatVersion
+                                                  : version.get<int64_t>() > kCheckpointFormatVersion;
+  TANDEM_CHECK(!newer, where, ": manifest.json has format version ", version.dump(), ", newer than the ",
+               kCheckpointFormatVersion, " this Tandem reads: upgrade Tandem");
+  TANDEM_CHECK(version == kCheckpointFormatVersion, where, ": manifest.json has format version ", version.dump(),
+               ", not ", kCheckpointFormatVersion);
   TANDEM_CHECK(manifest.contains("created") && manifest["created"].is_string(), where,
                ": manifest.json has no \"created\" time: the manifest is damaged");
   created_ = manifest["created"].get<std::string>();

@@ -13,6 +13,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "launch/launch_options.h"
+
 namespace tandem::cli {
 
 using Command = std::function<int()>;
@@ -20,6 +22,11 @@ using Command = std::function<int()>;
 /// `tandem run` takes its worker command after `--`; main() splits the arguments there before
 /// CLI11 sees them, so that nothing of the worker's is parsed (or reordered) as ours.
 Command add_run_command(CLI::App& app, const std::vector<std::string>& after_separator);
+/// add_run_command's parsing alone: registers the same `run` flags; the returned function, once
+/// app.parse() chose `run`, gives the options as parsed (worker command assembled, grace period
+/// converted), before launch::resolve. Throws tandem::Error. Starts and probes nothing (the CLI
+/// fuzzer's entry point).
+std::function<launch::LaunchOptions()> add_run_flags(CLI::App& app, const std::vector<std::string>& after_separator);
 /// A subcommand that `tandem-torch` implements: this registers its name and help, and the
 /// returned command replaces this process with the helper.
 Command add_helper_command(CLI::App& app, const std::string& name, const std::string& description);

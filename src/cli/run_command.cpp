@@ -1,4 +1,5 @@
 // `tandem run`: the torchrun counterpart. Flags keep torchrun's names (both --a-b and --a_b).
+#include <cmath>
 #include <thread>
 
 #include "cli/commands.h"
@@ -7,8 +8,14 @@
 #include "launch/supervisor.h"
 
 namespace tandem::cli {
+namespace {
 
-Command add_run_command(CLI::App& app, const std::vector<std::string>& after_separator) {
+// A year: longer than any grace period means, and far inside what milliseconds in a long hold.
+constexpr double kMaxGraceSeconds = 365.0 * 24 * 3600;
+
+}  // namespace
+
+std::function<launch::LaunchOptions()> add_run_flags(CLI::App& app, const std::vector<std::string>& after_separator) {
   auto* run = app.add_subcommand("run", "Start this node's workers with the torchrun environment");
   auto options = std::make_shared<launch::LaunchOptions>();
   auto grace_seconds = std::make_shared<double>(launch::kDefaultGracePeriod.count() / 1000.0);
@@ -34,19 +41,33 @@ Command add_run_command(CLI::App& app, const std::vector<std::string>& after_sep
   run->footer("Usage: tandem run [flags] -- PROGRAM [ARGS...]");
 
   return [options, grace_seconds, run, after_separator]() {
+    launch::LaunchOptions parsed = *options;
     // `tandem run ./w a -- b`: the program came first, so that "--" is one of its arguments.
-    options->command = run->remaining();
-    if (!options->command.empty() && !after_separator.empty()) options->command.push_back("--");
-    options->command.insert(options->command.end(), after_separator.begin(), after_separator.end());
-    if (!options->command.empty() && options->command.front().rfind('-', 0) == 0 &&
-        options->command.front().size() > 1) {
-      throw Error("unknown flag '" + options->command.front() + "' (see tandem run --help)");
+    parsed.command = run->remaining();
+    if (!parsed.command.empty() && !after_separator.empty()) parsed.command.push_back("--");
+    parsed.command.insert(parsed.command.end(), after_separator.begin(), after_separator.end());
+    if (!parsed.command.empty() && parsed.command.front().rfind('-', 0) == 0 && parsed.command.front().size() > 1) {
+      throw Error("unknown flag '" + parsed.command.front() + "' (see tandem run --help)");
     }
-    options->grace_period = std::chrono::milliseconds(static_cast<long>(*grace_seconds * 1000));
-    const bool needs_gpu_count = options->nproc_per_node == "gpu" || options->nproc_per_node == "auto";
-    launch::resolve(*options, needs_gpu_count ? launch::visible_gpu_count() : 0,
+    // Casting a double outside long's range (1e300, inf, nan) to long is undefined behaviour:
+    // refuse it first. A negative value within range is left to launch::resolve's message.
+    if (!(std::fabs(*grace_seconds) <= kMaxGraceSeconds)) {
+      throw Error(message("--grace-period ", *grace_seconds, " is not valid: expected seconds, 0 to ",
+                          static_cast<long>(kMaxGraceSeconds), " (a year)"));
+    }
+    parsed.grace_period = std::chrono::milliseconds(static_cast<long>(*grace_seconds * 1000));
+    return parsed;
+  };
+}
+
+Command add_run_command(CLI::App& app, const std::vector<std::string>& after_separator) {
+  auto parsed = add_run_flags(app, after_separator);
+  return [parsed]() {
+    launch::LaunchOptions options = parsed();
+    const bool needs_gpu_count = options.nproc_per_node == "gpu" || options.nproc_per_node == "auto";
+    launch::resolve(options, needs_gpu_count ? launch::visible_gpu_count() : 0,
                     static_cast<int>(std::thread::hardware_concurrency()));
-    return launch::Supervisor(*options).run();
+    return launch::Supervisor(options).run();
   };
 }
 

@@ -1,6 +1,7 @@
 #include "tandem/comm/world.h"
 
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 #include "tandem/error.h"
@@ -182,6 +183,11 @@ World World::from_lookup(const Lookup& lookup) {
 
 c10::Device World::device(bool use_cuda) const {
   if (!use_cuda) return c10::Device(c10::DeviceType::CPU);
+  // c10::DeviceIndex is 8 bits: a larger local rank would wrap round to another device, or to a
+  // negative index that LibTorch's release build does not check.
+  constexpr int kMaxIndex = std::numeric_limits<c10::DeviceIndex>::max();
+  TANDEM_CHECK(local_rank <= kMaxIndex, "the local rank ", local_rank,
+               " cannot name a CUDA device: LibTorch numbers a host's devices 0 to ", kMaxIndex);
   return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 

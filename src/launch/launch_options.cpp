@@ -75,7 +75,7 @@ std::string find_program(const std::string& program) {
   return path;
 }
 
-void resolve(LaunchOptions& o, int gpu_count, int cpu_count) {
+void resolve_flags(LaunchOptions& o, int gpu_count, int cpu_count) {
   o.nproc = resolve_nproc(o.nproc_per_node, gpu_count, cpu_count);
   if (o.nnodes < 1) throw Error("--nnodes " + std::to_string(o.nnodes) + " is not valid: expected a positive number");
   if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
@@ -92,6 +92,10 @@ void resolve(LaunchOptions& o, int gpu_count, int cpu_count) {
     if (o.master_port == 0) throw Error("--master-port is required when --nnodes > 1 (the same on every node)");
   }
   if (o.master_addr.empty()) o.master_addr = "127.0.0.1";
+}
+
+void resolve(LaunchOptions& o, int gpu_count, int cpu_count) {
+  resolve_flags(o, gpu_count, cpu_count);
   o.program_path = find_program(o.command.empty() ? std::string() : o.command.front());
 
   // Node 0 hosts the store: find out now, before any worker starts, whether its port is free.

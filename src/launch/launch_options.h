@@ -33,6 +33,11 @@ int resolve_nproc(const std::string& spec, int gpu_count, int cpu_count);
 /// one-line message naming the flag; nothing has been started when it throws.
 void resolve(LaunchOptions& options, int gpu_count, int cpu_count);
 
+/// resolve()'s first part, which reads nothing but the options and the two counts (no PATH
+/// lookup, no port probe): nproc, every flag's range, the master address default. The CLI fuzzer
+/// calls it alone, since the rest depends on the host.
+void resolve_flags(LaunchOptions& options, int gpu_count, int cpu_count);
+
 /// The absolute path execve() will run for `program`: a path is checked as is, a bare name is
 /// searched on PATH. Throws tandem::Error when missing, a directory or not executable.
 std::string find_program(const std::string& program);

@@ -590,6 +590,14 @@ TEST_F(CheckpointDir, AMissingOrDamagedManifestIsRefused) {
   EXPECT_ERROR(CheckpointReader{dir}, "checkpoint " + dir + ": manifest.json's entry for state.json is not {\"size\": bytes, \"crc32\": \"8 hex digits\"}: the manifest is damaged");
   write_bytes(dir + "/manifest.json", "{}");
   EXPECT_ERROR(CheckpointReader{dir}, "checkpoint " + dir + ": manifest.json is not a Tandem checkpoint manifest (it lacks \"format\": \"tandem-checkpoint\")");
+  // Found by the manifest fuzzer: nlohmann throws out_of_range, not parse_error, for such a number.
+  write_bytes(dir + "/manifest.json", R"({"format": "tandem-checkpoint", "version": 1e999})");
+  EXPECT_ERROR(CheckpointReader{dir}, "checkpoint " + dir + ": manifest.json is not valid JSON (a number out of range): the manifest is damaged");
+  // A version beyond int64_t is named as written, not wrapped to a negative one.
+  write_bytes(dir + "/manifest.json", R"({"format": "tandem-checkpoint", "version": 18446744073709551615, "created": "x", "files": {}})");
+  EXPECT_ERROR(CheckpointReader{dir}, "checkpoint " + dir + ": manifest.json has format version 18446744073709551615, newer than the 1 this Tandem reads: upgrade Tandem");
+  write_bytes(dir + "/manifest.json", R"({"format": "tandem-checkpoint", "version": -3, "created": "x", "files": {}})");
+  EXPECT_ERROR(CheckpointReader{dir}, "checkpoint " + dir + ": manifest.json has format version -3, not 1");
   fs::remove(dir + "/manifest.json");
   EXPECT_ERROR(CheckpointReader{dir},
                "checkpoint " + dir + ": no manifest.json: the checkpoint was never committed, or this is not a checkpoint folder");

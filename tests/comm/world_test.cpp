@@ -77,6 +77,20 @@ TEST(World, ReadsTheTorchrunContract) {
   EXPECT_EQ(w.device(false).str(), "cpu");
 }
 
+// Found by the environment fuzzer: c10::DeviceIndex is 8 bits, and LOCAL_RANK=150 became cuda:-106.
+TEST(World, ALocalRankBeyondLibTorchsDeviceIndicesIsAnErrorForCuda) {
+  Env env = with(with(with(kTorchrun, "WORLD_SIZE", "256"), "LOCAL_WORLD_SIZE", "256"), "LOCAL_RANK", "127");
+  EXPECT_EQ(from(env).device(true).str(), "cuda:127");
+  World w = from(with(env, "LOCAL_RANK", "150"));
+  EXPECT_EQ(w.device(false).str(), "cpu");
+  try {
+    w.device(true);
+    ADD_FAILURE() << "no error";
+  } catch (const tandem::Error& e) {
+    EXPECT_STREQ(e.what(), "the local rank 150 cannot name a CUDA device: LibTorch numbers a host's devices 0 to 127");
+  }
+}
+
 TEST(World, HandStartedRanksWithoutLocalVariablesAreOneHost) {
   World w = from({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1234"}});
   EXPECT_EQ(w.local_rank, 1);

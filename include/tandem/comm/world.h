@@ -55,7 +55,8 @@ struct World {
   /// Whether every rank runs on this host (then the store and Gloo can stay on loopback).
   bool single_node() const { return local_world_size == world_size; }
 
-  /// The device this rank should use: cuda:LOCAL_RANK when `use_cuda`, else cpu.
+  /// The device this rank should use: cuda:LOCAL_RANK when `use_cuda`, else cpu. Throws
+  /// tandem::Error for a local rank above 127, which no LibTorch device index holds.
   c10::Device device(bool use_cuda) const;
 
   /// One line, for logs and bug reports.
