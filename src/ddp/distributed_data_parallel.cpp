@@ -26,6 +26,7 @@ DdpCore::DdpCore(torch::nn::Module& module, std::shared_ptr<comm::ProcessGroup> 
     all_state.push_back(item.value());
     all_names.push_back(item.key());
   }
+  state_ = all_state;
   verify_placement(*pg_, all_state, all_names);
   if (options_.init_sync() && pg_->size() > 1) {
     verify_same_model(*pg_, parameters, names);
@@ -37,6 +38,7 @@ DdpCore::DdpCore(torch::nn::Module& module, std::shared_ptr<comm::ProcessGroup> 
 
 bool DdpCore::pre_forward() {
   if (!at::GradMode::is_enabled()) return false;  // evaluation forwards never interfere
+  if (joining_) announce_active();
   reducer_->prepare_for_forward(sync_);
   if (!sync_) return false;
   if (options_.broadcast_buffers() && pg_->size() > 1 && !buffers_.empty()) {

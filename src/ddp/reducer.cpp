@@ -484,6 +484,23 @@ void Reducer::finalize_backward() {
   end_iteration_bookkeeping();
 }
 
+void Reducer::shadow_iteration() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  at::NoGradGuard no_grad;
+  ScopeExit clean([this] { reset_iteration(); });
+  TANDEM_CHECK(configured_ && !passthrough_, "DDP: shadow_iteration() needs a configured reducer in a world of several");
+  for (auto& bucket : buckets_) bucket.contents.zero_();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    buckets_[b].pending = 0;
+    launch(b);
+  }
+  next_bucket_ = buckets_.size();
+  const std::string failure = wait_launched(buckets_.size());
+  TANDEM_CHECK(failure.empty(), failure);
+  (void)global_use();  // nothing used here: all zeros, as the active ranks expect a map from everyone
+  end_iteration_bookkeeping();
+}
+
 // A parameter unused on every rank keeps its gradient untouched (undefined stays undefined).
 // The condition is the same on every rank (options and iteration count), never data-dependent,
 // so the all-reduce of the used map happens everywhere or nowhere.

@@ -295,6 +295,84 @@ TEST(DdpGpu, OraclesOnCuda) {
   g_device = c10::Device(c10::kCPU);
 }
 
+// ---- uneven inputs: join() (Note [Join]) ------------------------------------------------------
+// Rank r has 3 + 2r batches of its own. The reference trains one model in-process on every
+// rank's batches: at each step, the sum over the ranks that still have data of their gradient,
+// divided by the world size (PyTorch's divide_by_initial_world_size). After join() every rank
+// must hold the reference's weights, bit for bit the same on every rank.
+
+int batches_of(int rank) { return 3 + 2 * rank; }
+Batch own_batch(int rank, int step, int micro) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5000 + 100 * rank + 2 * step + micro);
+  return {at::randn({6, 12}, gen), at::randint(0, 5, {6}, gen)};
+}
+
+struct JoinCase {
+  std::string name;
+  DistributedDataParallelOptions options;
+  bool accumulate = false;  // a no_sync micro-batch before each synced one
+};
+
+class DdpJoin : public ::testing::TestWithParam<JoinCase> {};
+
+TEST_P(DdpJoin, UnevenInputsEqualTheReference) {
+  const JoinCase& c = GetParam();
+  torch::manual_seed(7);
+  Mlp local;
+  torch::manual_seed(7);
+  Mlp reference;
+  auto model = DistributedDataParallel(local, test::shared_pg(), c.options);
+  torch::optim::SGD sgd(model->parameters(), 0.05);
+  torch::optim::SGD reference_sgd(reference->parameters(), 0.05);
+
+  const int mine = batches_of(R());
+  const int64_t shadowed = model->join([&] {
+    for (int step = 0; step < mine; ++step) {
+      sgd.zero_grad();
+      if (c.accumulate) {
+        auto guard = model->no_sync();
+        Batch b = own_batch(R(), step, 0);
+        loss_of(model->forward(b.x), b.y).backward();
+      }
+      Batch b = own_batch(R(), step, 1);
+      loss_of(model->forward(b.x), b.y).backward();
+      sgd.step();
+    }
+  });
+  const int longest = batches_of(W() - 1);
+  EXPECT_EQ(shadowed, longest - mine) << "iterations this rank stood in for";
+
+  for (int step = 0; step < longest; ++step) {
+    reference_sgd.zero_grad();
+    for (int r = 0; r < W(); ++r) {
+      if (step >= batches_of(r)) continue;  // out of data: contributes zero, still counted in W
+      for (int micro = c.accumulate ? 0 : 1; micro < 2; ++micro) {
+        Batch b = own_batch(r, step, micro);
+        (loss_of(reference->forward(b.x), b.y) / W()).backward();
+      }
+    }
+    reference_sgd.step();
+  }
+  const double diff = max_relative_difference(*model->module(), *reference);
+  std::printf("join/%s on %d ranks (%d..%d batches): max relative difference %.3g\n", c.name.c_str(), W(),
+              batches_of(0), longest, diff);
+  EXPECT_LT(diff, 1e-5);
+  std::vector<at::Tensor> flat;
+  for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}));
+  auto everywhere = test::shared_pg()->all_gather(at::cat(flat));
+  for (int r = 1; r < W(); ++r) EXPECT_TRUE(at::equal(everywhere[0], everywhere[r])) << "rank " << r << " differs";
+}
+
+std::vector<JoinCase> join_cases() {
+  return {{"default", DistributedDataParallelOptions()},
+          {"small_buckets_views", DistributedDataParallelOptions().bucket_cap_mb(0.002).gradient_as_bucket_view(true)},
+          {"find_unused", DistributedDataParallelOptions().find_unused_parameters(true)},
+          {"no_sync_accumulation", DistributedDataParallelOptions().bucket_cap_mb(0.002), true}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DdpJoin, ::testing::ValuesIn(join_cases()),
+                         [](const auto& info) { return info.param.name; });
+
 // ---- no_sync ---------------------------------------------------------------------------------
 
 TEST(DdpNoSync, GradientsDifferInsideAndAgreeAfterTheNextSyncedStep) {

@@ -22,3 +22,9 @@ add_test(NAME faults.debug.op_mismatch COMMAND ${_fault} 2 mismatch-op 3000
 set_tests_properties(faults.debug.shape_mismatch faults.debug.op_mismatch PROPERTIES ENVIRONMENT TANDEM_DEBUG=DETAIL)
 set_tests_properties(faults.hung_rank.gloo2 faults.hung_rank.gloo4 faults.hung_rank.ddp faults.exited_rank.gloo2
   faults.debug.shape_mismatch faults.debug.op_mismatch PROPERTIES LABELS "faults;multiprocess" TIMEOUT 120)
+# Uneven inputs: rank r has 3 + 2r batches; inside DDP's join() the job completes and every rank
+# ends with the single-process reference's weights (the DdpJoin oracle of tests/ddp/ddp_test.cpp).
+# Without join() a rank that runs out and exits is named by the others (faults.exited_rank.gloo2).
+add_test(NAME faults.uneven_inputs.join.gloo2 COMMAND ${TANDEM_CLI_PATH} run --nproc-per-node 2 -- $<TARGET_FILE:ddp_test> --gtest_filter=Cases/DdpJoin.*)
+add_test(NAME faults.uneven_inputs.join.gloo4 COMMAND ${TANDEM_CLI_PATH} run --nproc-per-node 4 -- $<TARGET_FILE:ddp_test> --gtest_filter=Cases/DdpJoin.*)
+set_tests_properties(faults.uneven_inputs.join.gloo2 faults.uneven_inputs.join.gloo4 PROPERTIES LABELS "faults;multiprocess" TIMEOUT 300)

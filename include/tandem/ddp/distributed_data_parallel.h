@@ -13,6 +13,7 @@
 //   loss.backward();   // gradients are averaged across ranks while backward runs
 //   opt.step();
 //   { auto guard = ddp->no_sync(); ddp->forward(x2).sum().backward(); }  // local accumulation
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,12 +48,22 @@ class DdpCore {
   Reducer& reducer() { return *reducer_; }
   const std::shared_ptr<comm::ProcessGroup>& process_group() const { return pg_; }
 
+  /// Note [Join] (join.cpp): runs `body` with uneven inputs allowed, then stands in for this
+  /// rank in the others' iterations until every rank is done. Returns the iterations shadowed.
+  int64_t join(const std::function<void()>& body);
+
  private:
+  void announce_active();              // in join mode: before every training forward
+  int64_t shadow_until_all_joined();
+  void sync_final_model(bool last_to_join);
+
   std::shared_ptr<comm::ProcessGroup> pg_;
   DistributedDataParallelOptions options_;
   std::vector<at::Tensor> buffers_;
+  std::vector<at::Tensor> state_;      // every parameter and buffer, for join's final sync
   std::unique_ptr<Reducer> reducer_;
   bool sync_ = true;
+  bool joining_ = false;
 };
 
 // The tensors of a forward's output, for find_unused_parameters' graph walk and for noticing
@@ -153,6 +164,20 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   bool require_backward_grad_sync() const { return core_->sync_enabled(); }
   /// Registers the reduction of each bucket (comm_hook.h); before the first forward.
   void register_comm_hook(CommHook hook) { core_->reducer().register_comm_hook(std::move(hook)); }
+
+  /// Uneven inputs (PyTorch's `with Join([ddp]):`): runs `body`, the training loop over this
+  /// rank's data, however many batches each rank has. A rank whose loop ends first stands in
+  /// for itself in the others' gradient all-reduces (contributing zeros; gradients are still
+  /// divided by the world size) until every rank's loop has ended; then every rank holds the
+  /// weights of a rank that trained to the end. Returns how many iterations this rank stood in
+  /// for. Each synced training forward inside `body` must be followed by its backward. Rethrows
+  /// what `body` throws, without waiting for the others (they then fail naming this rank).
+  ///
+  /// Example:
+  ///   ddp->join([&] {
+  ///     for (auto& batch : my_uneven_batches) { opt.zero_grad(); loss(ddp->forward(batch.x)).backward(); opt.step(); }
+  ///   });
+  int64_t join(const std::function<void()>& body) { return core_->join(body); }
 
   /// The wrapped module, with its own type (PyTorch's ddp.module).
   ModuleHolder& module() { return module_; }

@@ -82,6 +82,11 @@ class Reducer {
 
   void register_comm_hook(CommHook hook);
 
+  /// Note [Join]: this rank has no data left; issue this iteration's collectives with a zero
+  /// contribution so that the ranks still training complete theirs. Leaves .grad alone except
+  /// where gradients are bucket views.
+  void shadow_iteration();
+
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const std::vector<at::Tensor>& parameters() const { return parameters_; }
   /// Parameter indices found unused in the last synced forward.
