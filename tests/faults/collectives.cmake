@@ -20,8 +20,18 @@ add_test(NAME faults.debug.shape_mismatch COMMAND ${_fault} 2 mismatch-shape 300
 add_test(NAME faults.debug.op_mismatch COMMAND ${_fault} 2 mismatch-op 3000
   "rank 0 calls #4 all_reduce \\(sum\\) of Float\\[2, 2\\] on cpu; rank 1 calls #4 broadcast \\(root 0\\) of Float\\[2, 2\\] on cpu")
 set_tests_properties(faults.debug.shape_mismatch faults.debug.op_mismatch PROPERTIES ENVIRONMENT TANDEM_DEBUG=DETAIL)
+# Without the debug mode: different operations both time out, and each rank's report names the
+# other's call; different sizes make Gloo abort the process with its own "collective mismatch"
+# message (PyTorch behaves the same). Neither hangs. TANDEM_DEBUG is cleared: these document the default.
+add_test(NAME faults.mismatch.op_without_debug COMMAND ${_fault} 2 mismatch-op 3000
+  "failed on rank 0 of 2 at collective #4: .*rank 1 was in collective #4, broadcast \\(root 0\\) of Float\\[2, 2\\] on cpu")
+add_test(NAME faults.mismatch.shape_without_debug COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_failure.sh 60
+  "Is there a distributed collective mismatch" ${TANDEM_CLI_PATH} run --nproc-per-node 2 -- $<TARGET_FILE:collective_faults> --scenario=mismatch-shape)
+set_tests_properties(faults.mismatch.op_without_debug faults.mismatch.shape_without_debug PROPERTIES
+  ENVIRONMENT "TANDEM_DEBUG=OFF;TORCH_DISTRIBUTED_DEBUG=OFF;TANDEM_TEST_COLLECTIVE_TIMEOUT_MS=3000")
 set_tests_properties(faults.hung_rank.gloo2 faults.hung_rank.gloo4 faults.hung_rank.ddp faults.exited_rank.gloo2
-  faults.debug.shape_mismatch faults.debug.op_mismatch PROPERTIES LABELS "faults;multiprocess" TIMEOUT 120)
+  faults.debug.shape_mismatch faults.debug.op_mismatch faults.mismatch.op_without_debug faults.mismatch.shape_without_debug
+  PROPERTIES LABELS "faults;multiprocess" TIMEOUT 120)
 # Uneven inputs: rank r has 3 + 2r batches; inside DDP's join() the job completes and every rank
 # ends with the single-process reference's weights (the DdpJoin oracle of tests/ddp/ddp_test.cpp).
 # Without join() a rank that runs out and exits is named by the others (faults.exited_rank.gloo2).
