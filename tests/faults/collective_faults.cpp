@@ -1,6 +1,7 @@
 // Collective faults, each a scenario run as every rank of a `tandem run` job by
 // tests/faults/collective_fault.sh, which checks the exit status, the message and the time taken.
 //   hang-rank-1        rank 1 stops calling collectives after three all-reduces
+//   hang-rank-1-cuda   the same with CUDA tensors, on NCCL (scripts/gpu-check; exit 77 without GPU)
 //   hang-in-ddp        rank 1 stops before its third DDP backward
 //   exit-rank-1        rank 1 returns (its data ran out) while rank 0 trains on
 //   mismatch-shape     TANDEM_DEBUG=DETAIL: the ranks all-reduce tensors of different shapes
@@ -59,6 +60,26 @@ int hang_rank_1() {
   return must_fail([] {
     auto t = at::ones({4});
     pg().all_reduce(t);
+  });
+}
+
+// NCCL's wait() only orders streams unless TORCH_NCCL_BLOCKING_WAIT=1; scripts/gpu-check sets it
+// so that the failure reaches this thread and names the missing rank like Gloo's.
+int hang_rank_1_cuda() {
+  if (!pg().has_nccl()) {
+    std::fprintf(stderr, "no NCCL backend here (no GPU visible): skipped\n");
+    return 77;
+  }
+  const auto device = pg().world().device(/*use_cuda=*/true);
+  for (int i = 0; i < 3; ++i) {
+    auto t = at::ones({4}, at::TensorOptions().device(device));
+    pg().all_reduce(t);
+  }
+  if (pg().rank() == 1) stop_forever();
+  return must_fail([&] {
+    auto t = at::ones({4}, at::TensorOptions().device(device));
+    pg().all_reduce(t);
+    (void)t.sum().item<float>();  // waits for the stream: the failure surfaces here at the latest
   });
 }
 
@@ -121,6 +142,7 @@ int mismatch_op() {
 int main(int argc, char** argv) {
   return tandem::test::distributed_test_main(argc, argv,
                                              {{"hang-rank-1", hang_rank_1},
+                                              {"hang-rank-1-cuda", hang_rank_1_cuda},
                                               {"exit-rank-1", exit_rank_1},
                                               {"hang-in-ddp", hang_in_ddp},
                                               {"mismatch-shape", mismatch_shape},
