@@ -57,21 +57,23 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const World& world, std::chrono::mill
     store = c10::make_intrusive<c10d::PrefixStore>(agent_store_prefix(world.restart_count), store);
   }
 
-  if (!world.run_id.empty()) {
-    if (world.rank == 0) {
-      store->set(kRunIdKey, bytes(world.run_id));
-    } else {
-      std::vector<uint8_t> theirs;
-      try {
-        theirs = store->get(kRunIdKey);
-      } catch (const std::exception& e) {
-        throw Error("rendezvous at " + where + ": rank 0 did not publish its run id: " + one_line(e));
-      }
-      const std::string other(theirs.begin(), theirs.end());
-      if (other != world.run_id) {
-        throw Error("refusing to join: this worker is in run '" + world.run_id + "' but the store at " +
-                    where + " serves run '" + other + "' (check TORCHELASTIC_RUN_ID / --run-id)");
-      }
+  // Rank 0 always publishes its run id, empty when it has none (mpirun, hand-started jobs), and
+  // every other rank compares: a worker joins only a run of its own id, and one that has an id
+  // never waits for a key that a rank 0 without one would never write.
+  if (world.rank == 0) {
+    store->set(kRunIdKey, bytes(world.run_id));
+  } else {
+    std::vector<uint8_t> theirs;
+    try {
+      theirs = store->get(kRunIdKey);
+    } catch (const std::exception& e) {
+      throw Error("rendezvous at " + where + ": rank 0 did not publish its run id: " + one_line(e));
+    }
+    const std::string other(theirs.begin(), theirs.end());
+    if (other != world.run_id) {
+      auto run = [](const std::string& id) { return id.empty() ? std::string("no run id") : "run '" + id + "'"; };
+      throw Error("refusing to join: this worker has " + run(world.run_id) + " but the store at " + where +
+                  " serves " + run(other) + " (check TORCHELASTIC_RUN_ID / --run-id)");
     }
   }
   return store;

@@ -12,8 +12,9 @@
 //   (`/worker/attempt_<N>`); PyTorch 2.11's own workers use none.
 // - The store listens on loopback only when every rank is on this host and MASTER_ADDR is a
 //   loopback address; a multi-node job listens on every interface, as it must.
-// - With a run id (TORCHELASTIC_RUN_ID), rank 0 publishes it and every other rank compares:
-//   a worker started for another job is refused instead of joining it.
+// - Rank 0 publishes its run id (TORCHELASTIC_RUN_ID, empty when unset) and every other rank
+//   compares: a worker started for another job, or without the job's id, is refused instead of
+//   joining it.
 #include <chrono>
 #include <string>
 
