@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "tandem/comm/cuda_info.h"
+#include "tandem/comm/debug.h"
 #include "tandem/comm/world.h"
 #include "tandem/error.h"
 #include "tandem/version.h"
@@ -49,6 +50,14 @@ Command add_env_command(CLI::App& app) {
       line(name, env_or(name, "(unset)"));
     }
     int rc = 0;
+    try {
+      const auto level = comm::debug_level_from_env();
+      line("collective debug", std::string(comm::to_string(level)) +
+                                   (level == comm::DebugLevel::Detail ? " (every call compared across ranks)" : ""));
+    } catch (const Error& e) {
+      line("collective debug", std::string("INVALID: ") + e.what());
+      rc = 2;
+    }
     try {
       line("distributed", comm::World::from_env().describe());
     } catch (const Error& e) {
