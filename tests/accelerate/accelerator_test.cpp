@@ -21,6 +21,7 @@
 #include "support/distributed_main.h"
 #include "support/errors.h"
 #include "tandem/accelerate/accelerator.h"
+#include "tandem/accelerate/checkpoint_dir.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/data/distributed_sampler.h"
 
@@ -414,6 +415,70 @@ TEST(AcceleratorCheckpoints, ADamagedCheckpointIsRefusedAndThePreviousOneStillLo
   EXPECT_EQ(acc.completed_steps(), 2);
   acc.wait_for_everyone();
   if (acc.process_index() == 0) (void)!std::system(("rm -rf " + root).c_str());
+}
+
+// Auto-resume: nothing when the root is missing or holds only a writer's temporary folder (a save
+// killed midway), else the newest committed checkpoint, on every rank.
+TEST(AcceleratorCheckpoints, LoadStateIfAnyResumesTheNewestCommittedCheckpointOrNothing) {
+  const std::string root = "/tmp/tandem-acc-auto-" + std::to_string(getppid());
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().progress(false));
+  if (acc_main()) (void)!std::system(("rm -rf " + root).c_str());
+  acc.wait_for_everyone();
+  Net net;
+  auto model = acc.prepare_model(net);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  acc.prepare_optimizer(opt);
+  Data d = dataset();
+  auto loader = acc.prepare_data(d.x, d.y, kGlobalBatch / W());
+  EXPECT_FALSE(acc.load_state_if_any(root));
+  if (acc_main()) (void)!std::system(("mkdir -p " + root + "/.tmp-checkpoint_000009-1 && echo x > " + root +
+                                      "/.tmp-checkpoint_000009-1/model_0.safetensors").c_str());
+  acc.wait_for_everyone();
+  EXPECT_FALSE(acc.load_state_if_any(root));
+  at::Tensor saved;
+  int b = 0;
+  for (auto& batch : loader) {
+    auto sync = acc.accumulate(model);
+    acc.backward(at::cross_entropy_loss(model->forward(batch.data), batch.target));
+    acc.step(opt);
+    acc.zero_grad(opt);
+    if (++b == 2 || b == 3) acc.save_state(root);
+    if (b == 3) saved = net->fc1->weight.detach().clone();
+    if (b == 4) break;
+  }
+  EXPECT_FALSE(net->fc1->weight.equal(saved));
+  const auto loaded = acc.load_state_if_any(root);
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(*loaded, root + "/checkpoint_000003");
+  EXPECT_EQ(acc.completed_steps(), 3);
+  EXPECT_TRUE(net->fc1->weight.equal(saved));
+  EXPECT_EQ(loader.batches_done(), 3);
+  acc.wait_for_everyone();
+  if (acc_main()) (void)!std::system(("rm -rf " + root).c_str());
+}
+
+// Processes that see different checkpoints (no shared file system) all refuse, naming what each saw.
+TEST(AcceleratorCheckpoints, LoadStateIfAnyRefusesWhenTheProcessesDisagree) {
+  if (W() == 1) GTEST_SKIP() << "needs several processes";
+  const std::string root = "/tmp/tandem-acc-disagree-" + std::to_string(getppid()) + "-" + std::to_string(test::pg().rank());
+  (void)!std::system(("rm -rf " + root).c_str());
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().progress(false));
+  Net net;
+  auto model = acc.prepare_model(net);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  acc.prepare_optimizer(opt);
+  if (acc_main()) {  // rank 0 alone has a checkpoint
+    accelerate::CheckpointWriter writer(root, accelerate::checkpoint_name(5));
+    writer.add_file("state.json", "{}");
+    writer.commit();
+  }
+  acc.wait_for_everyone();
+  EXPECT_THAT(test::error_of([&] { acc.load_state_if_any(root); }),
+              ::testing::AllOf(::testing::HasSubstr("load_state_if_any: the processes see different checkpoints under " + root),
+                               ::testing::HasSubstr("rank 0 checkpoint of step 5, rank 1 none"),
+                               ::testing::HasSubstr("every process must see the same folder")));
+  EXPECT_EQ(acc.completed_steps(), 0);
+  (void)!std::system(("rm -rf " + root).c_str());
 }
 
 // ---- exact resume (run by tests/accelerate/resume_test.sh in separate processes) --------------
