@@ -1,6 +1,7 @@
 #include "tandem/comm/process_group.h"
 
 #include <cstdlib>
+#include <iterator>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -177,10 +178,11 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
   std::shared_ptr<CollectiveCall> call;
   {
     std::lock_guard<std::mutex> hold(calls_mutex_);
-    for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it) {
+    // Newest first: a work that was never waited for here may have left its address to this one.
+    for (auto it = in_flight_.rbegin(); it != in_flight_.rend(); ++it) {
       if (it->first == work.get()) {
         call = it->second;
-        in_flight_.erase(it);
+        in_flight_.erase(std::next(it).base());
         break;
       }
     }
