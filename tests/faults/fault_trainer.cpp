@@ -174,6 +174,7 @@ int train(const std::map<std::string, std::string>& args) {
   write_file(out + "/pid" + tag, std::to_string(::getpid()));
   write_file(out + "/start" + tag, std::to_string(started));
   std::ofstream trace(out + "/trace" + tag);
+  TANDEM_CHECK(trace.good(), "cannot write ", out, "/trace", tag);
   auto line = [&](const std::string& text) { trace << text << "\n" << std::flush; };
 
   Net net;

@@ -58,9 +58,9 @@ expect_gone() {
 # A TCP port no socket of this host uses at the moment (by /proc/net/tcp{,6}).
 free_port() {
   local port used
-  used="$(awk 'NR > 1 { split($2, a, ":"); print strtonum("0x" a[2]) }' /proc/net/tcp /proc/net/tcp6 | sort -u)"
+  used="$(awk 'FNR > 1 { n = split($2, a, ":"); print a[n] }' /proc/net/tcp /proc/net/tcp6 | sort -u)"  # hex ports
   while :; do
     port=$(( 20000 + RANDOM % 40000 ))
-    grep -qx "$port" <<<"$used" || { echo "$port"; return; }
+    grep -qx "$(printf '%04X' "$port")" <<<"$used" || { echo "$port"; return; }
   done
 }
