@@ -174,6 +174,50 @@ TEST(AcceleratorAccumulation, KBatchesEqualOneKTimesLargerBatch) {
   EXPECT_LE(diff, 1e-5);
 }
 
+// Uneven inputs by hand: process r has 2 + r batches of its own. The reference sums, per step, the
+// gradients of the processes that still have data and divides by the world size (DDP's join).
+TEST(AcceleratorJoin, UnevenInputsEqualTheReference) {
+  Accelerator acc(test::shared_pg(), AcceleratorOptions().seed(5).progress(false));
+  Net net;
+  auto model = acc.prepare_model(net);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  acc.prepare_optimizer(opt);
+  auto batch_of = [](int rank, int step) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + 10 * rank + step);
+    return Data{at::randn({6, 8}, gen), at::randint(0, 3, {6}, gen)};
+  };
+  const int rank = test::pg().rank(), mine = 2 + rank, longest = 2 + W() - 1;
+  const int64_t stood_in = model->join_uneven_inputs([&] {
+    for (int step = 0; step < mine; ++step) {
+      Data b = batch_of(rank, step);
+      acc.backward(at::cross_entropy_loss(model->forward(b.x), b.y));
+      acc.step(opt);
+      acc.zero_grad(opt);
+    }
+  });
+  EXPECT_EQ(stood_in, longest - mine);
+
+  torch::manual_seed(5);  // rank 0's seed: its initial weights are everyone's
+  Net reference;
+  torch::optim::SGD reference_opt(reference->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < longest; ++step) {
+    reference_opt.zero_grad();
+    for (int r = 0; r < W(); ++r) {
+      if (step >= 2 + r) continue;
+      Data b = batch_of(r, step);
+      (at::cross_entropy_loss(reference->forward(b.x), b.y) / W()).backward();
+    }
+    reference_opt.step();
+  }
+  const double diff = test::max_relative_difference(acc.unwrap(model)->parameters(), reference->parameters());
+  std::printf("join_uneven_inputs on %d process(es): max relative difference %.3g\n", W(), diff);
+  EXPECT_LE(diff, 1e-5);
+  std::vector<at::Tensor> flat;
+  for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}));
+  auto everywhere = test::pg().all_gather(at::cat(flat));
+  for (int r = 1; r < W(); ++r) EXPECT_TRUE(at::equal(everywhere[0], everywhere[r])) << "process " << r << " differs";
+}
+
 // The last batch of the data always synchronises, whatever k (accelerate's rule).
 TEST(AcceleratorAccumulation, TheLastBatchOfTheDataSyncs) {
   Accelerator acc(test::shared_pg(), AcceleratorOptions().gradient_accumulation_steps(4).progress(false));

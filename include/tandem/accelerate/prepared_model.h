@@ -2,6 +2,7 @@
 // PreparedModel: the user's module, wrapped for the strategy the Accelerator chose, with its type
 // kept: `model->forward(x)` calls the user's forward (through DDP or DataParallel, under autocast
 // when mixed precision is on), `model->module()` is the user's holder.
+#include <functional>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -62,6 +63,17 @@ class PreparedModelImpl : public torch::nn::Module {
   /// Whether the next forwards take part in gradient synchronisation (DDP only).
   void set_require_backward_grad_sync(bool enabled) {
     if (ddp_) (*ddp_)->set_require_backward_grad_sync(enabled);
+  }
+  /// Uneven inputs (accelerate's join_uneven_inputs): the ranks may run `body` over different
+  /// numbers of batches. Under DDP this is DistributedDataParallel::join (Note [Join] in
+  /// src/ddp/join.cpp): a rank out of data stands in with zero gradients until all are done, then
+  /// all hold the same weights; returns the iterations this rank stood in for. Other strategies
+  /// have one process: `body` just runs. prepare_data's loaders never need it (every rank gets the
+  /// same number of batches, padded or dropped); data split by hand may.
+  int64_t join_uneven_inputs(const std::function<void()>& body) {
+    if (ddp_) return (*ddp_)->join(body);
+    body();
+    return 0;
   }
   bool is_ddp() const { return ddp_.has_value(); }
   bool is_data_parallel() const { return dp_.has_value(); }
