@@ -28,7 +28,8 @@ DebugLevel parse_debug_level(const std::string& text, const std::string& variabl
 
 DebugLevel debug_level_from_env() {
   for (const char* variable : {"TANDEM_DEBUG", "TORCH_DISTRIBUTED_DEBUG"}) {
-    if (const char* value = std::getenv(variable)) return parse_debug_level(value, variable);
+    const char* value = std::getenv(variable);
+    if (value && *value) return parse_debug_level(value, variable);  // empty counts as unset
   }
   return DebugLevel::Off;
 }

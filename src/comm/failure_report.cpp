@@ -1,5 +1,8 @@
 #include "comm/failure_report.h"
 
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -7,6 +10,8 @@
 
 namespace tandem::comm::detail {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 std::string key_of(int rank) { return "tandem/failed_collective/" + std::to_string(rank); }
 
@@ -28,6 +33,48 @@ std::string seconds(std::chrono::milliseconds span) {
   return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
 }
 
+// What the asking thread found so far; shared with it because it may outlive the caller's wait.
+struct Gathered {
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  std::vector<std::optional<CollectiveCall>> calls;
+  std::string store_error;
+};
+
+void ask(const std::shared_ptr<Gathered>& gathered, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+         const CollectiveCall& call, std::chrono::milliseconds window) {
+  try {
+    store->set(key_of(rank), to_bytes(call));
+    const auto deadline = Clock::now() + window;
+    for (;;) {
+      bool all = true;
+      for (int r = 0; r < size; ++r) {
+        {
+          std::lock_guard<std::mutex> hold(gathered->mutex);
+          if (gathered->calls[static_cast<size_t>(r)]) continue;
+        }
+        if (store->check({key_of(r)})) {
+          auto theirs = from_bytes(store->get(key_of(r)));
+          std::lock_guard<std::mutex> hold(gathered->mutex);
+          gathered->calls[static_cast<size_t>(r)] = theirs;
+        } else {
+          all = false;
+        }
+        if (Clock::now() >= deadline) break;
+      }
+      if (all || Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> hold(gathered->mutex);
+    gathered->store_error = one_line(e);
+  }
+  std::lock_guard<std::mutex> hold(gathered->mutex);
+  gathered->done = true;
+  gathered->done_cv.notify_all();
+}
+
 }  // namespace
 
 std::string list_ranks(const std::vector<int>& ranks) {
@@ -39,52 +86,48 @@ std::string list_ranks(const std::vector<int>& ranks) {
   return text;
 }
 
-std::string explain_failure(c10d::Store& store, int rank, int size, const CollectiveCall& call,
-                            std::chrono::milliseconds window) {
-  using Clock = std::chrono::steady_clock;
-  std::vector<bool> reported(static_cast<size_t>(size), false);
-  std::vector<CollectiveCall> calls(static_cast<size_t>(size));
+std::string explain_failure(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const CollectiveCall& call,
+                            const std::string& store_owner, std::chrono::milliseconds window) {
   try {
-    store.set(key_of(rank), to_bytes(call));
-    reported[static_cast<size_t>(rank)] = true;
-    calls[static_cast<size_t>(rank)] = call;
-    const auto deadline = Clock::now() + window;
-    for (;;) {
-      bool all = true;
-      for (int r = 0; r < size; ++r) {
-        if (reported[static_cast<size_t>(r)]) continue;
-        if (store.check({key_of(r)})) {
-          calls[static_cast<size_t>(r)] = from_bytes(store.get(key_of(r)));
-          reported[static_cast<size_t>(r)] = true;
-        } else {
-          all = false;
-        }
+    auto gathered = std::make_shared<Gathered>();
+    gathered->calls.resize(static_cast<size_t>(size));
+    gathered->calls[static_cast<size_t>(rank)] = call;
+    std::thread(ask, gathered, store, rank, size, call, window).detach();
+
+    std::unique_lock<std::mutex> hold(gathered->mutex);
+    const bool answered = gathered->done_cv.wait_for(hold, window + std::chrono::seconds(1), [&] { return gathered->done; });
+    std::vector<int> silent;
+    std::string text;
+    for (int r = 0; r < size; ++r) {
+      const auto& theirs = gathered->calls[static_cast<size_t>(r)];
+      if (!theirs) {
+        silent.push_back(r);
+      } else if (!theirs->same_call(call)) {
+        text += "; rank " + std::to_string(r) + " was in collective #" + std::to_string(theirs->seq) + ", " +
+                theirs->describe_with_shape();
       }
-      if (all || Clock::now() >= deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    const bool store_trouble = !answered || !gathered->store_error.empty();
+    if (!silent.empty()) {
+      const std::string ranks = std::string(silent.size() > 1 ? "ranks " : "rank ") + list_ranks(silent);
+      if (store_trouble) {
+        text = "; " + ranks + " could not be asked" + text;
+      } else {
+        text = "; " + ranks + " did not arrive (no report within " + seconds(window) +
+               " of the failure: stuck elsewhere, exited, or more than " + seconds(window) + " late)" + text;
+      }
+    }
+    if (!answered) {
+      text += "; the store that " + store_owner + " hosts did not answer within " + seconds(window + std::chrono::seconds(1)) +
+              " (" + store_owner + " may be stopped)";
+    } else if (!gathered->store_error.empty()) {
+      text += "; the store that " + store_owner + " hosts failed: " + gathered->store_error + " (" + store_owner +
+              " may have exited)";
+    }
+    return text.empty() ? text : text.substr(2);
   } catch (const std::exception& e) {
-    return "the other ranks could not be asked where they are (the store that rank 0 hosts is unreachable: " +
-           one_line(e) + "; rank 0 may have exited)";
+    return "the other ranks could not be asked where they are: " + one_line(e);
   }
-  std::vector<int> silent;
-  std::string elsewhere;
-  for (int r = 0; r < size; ++r) {
-    const auto& theirs = calls[static_cast<size_t>(r)];
-    if (!reported[static_cast<size_t>(r)]) {
-      silent.push_back(r);
-    } else if (!theirs.same_call(call)) {
-      elsewhere += "; rank " + std::to_string(r) + " was in collective #" + std::to_string(theirs.seq) + ", " +
-                   theirs.describe_with_shape();
-    }
-  }
-  std::string text;
-  if (!silent.empty()) {
-    text = "rank" + std::string(silent.size() > 1 ? "s " : " ") + list_ranks(silent) +
-           " did not arrive (no report within " + seconds(window) + " of the failure: stuck outside collectives, or exited)";
-  }
-  if (!elsewhere.empty()) text += (text.empty() ? elsewhere.substr(2) : elsewhere);
-  return text;
 }
 
 }  // namespace tandem::comm::detail

@@ -6,13 +6,14 @@
 // (its timeout, or a peer's connection closing), each rank that saw it fail posts the call it
 // was in (Note [Collective sequence]) to the rendezvous store and waits a short window for the
 // others' posts. A rank that posts nothing never was in a collective that could fail: it is stuck
-// in its own code, or it exited. A rank that posts another call was somewhere else (a different
-// operation, or a call ahead or behind). Both are named in the error. Ranks enter a collective
-// within moments of each other, so their timeouts expire together and the window is short; a rank
-// that arrived more than the window after the others would be named too, and the message says
-// "did not report" rather than guessing why.
+// elsewhere, it exited, or it arrived more than the window late. A rank that posts another call
+// was somewhere else (a different operation, or a call ahead or behind). Both are named.
+// The store is asked from a separate thread and the answer is taken after the window plus one
+// second whatever happens: a store whose host is stopped (not dead) cannot hold the error back
+// for the store's own timeout. What was gathered before a store failure is kept.
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -23,9 +24,10 @@ namespace tandem::comm::detail {
 constexpr std::chrono::milliseconds kFailureReportWindow{2000};
 
 /// Posts this rank's failed `call` and returns a sentence about the other ranks ("" when every
-/// rank was in the same call). Never throws: a store that cannot be reached is said so.
-std::string explain_failure(c10d::Store& store, int rank, int size, const CollectiveCall& call,
-                            std::chrono::milliseconds window = kFailureReportWindow);
+/// rank was in the same call). `store_owner` names who hosts the store ("rank 0", "the
+/// launcher") for when it cannot be reached. Never throws; returns within `window` + 1 s.
+std::string explain_failure(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const CollectiveCall& call,
+                            const std::string& store_owner, std::chrono::milliseconds window = kFailureReportWindow);
 
 /// "1", "1 and 3", "0, 2 and 3".
 std::string list_ranks(const std::vector<int>& ranks);

@@ -55,6 +55,24 @@ void check_dense(const char* op, const at::Tensor& t) {
   }
 }
 
+// The debug mode adds a collective before every call: all ranks must have it, or none.
+void agree_on_debug_level(c10d::Store& store, int rank, DebugLevel mine) {
+  const std::string key = "tandem/debug_level";
+  const std::string text = to_string(mine);
+  if (rank == 0) {
+    store.set(key, std::vector<uint8_t>(text.begin(), text.end()));
+    return;
+  }
+  const auto theirs = store.get(key);
+  const std::string other(theirs.begin(), theirs.end());
+  const bool detail_here = mine == DebugLevel::Detail, detail_there = other == to_string(DebugLevel::Detail);
+  if (detail_here != detail_there) {
+    throw Error("the collective debug level differs between ranks: rank 0 runs with " + other + ", rank " +
+                std::to_string(rank) + " with " + text +
+                ": set the same TANDEM_DEBUG (or TORCH_DISTRIBUTED_DEBUG) for every rank");
+  }
+}
+
 }  // namespace
 
 const char* to_string(ReduceOp op) {
@@ -78,6 +96,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const World& world,
   std::shared_ptr<ProcessGroup> pg(new ProcessGroup(world, options));
   pg->debug_level_ = options.debug() ? *options.debug() : debug_level_from_env();
   pg->store_ = rendezvous(world, options.rendezvous_timeout());
+  if (world.world_size > 1) agree_on_debug_level(*pg->store_, world.rank, pg->debug_level_);
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
     gloo_options->threads = options.gloo_threads();
@@ -164,10 +183,17 @@ Error ProcessGroup::failure(const std::string& what, const CollectiveCall* call,
     // Note [Naming the missing rank]: asked once; the buckets that fail after the first one are
     // the same outage, and must not each wait the report window again.
     if (others.empty()) {
-      others = detail::explain_failure(*store_, rank(), size(), *call);
+      others = detail::explain_failure(store_, rank(), size(), *call,
+                                       world_.use_agent_store ? "the launcher" : "rank 0");
       if (others.empty()) others = "every rank was in this collective";
       std::lock_guard<std::mutex> hold(calls_mutex_);
-      first_failure_ = others;
+      if (first_failure_.empty()) {
+        first_failure_ = others;
+        first_failure_seq_ = call->seq;
+      }
+    } else {
+      std::lock_guard<std::mutex> hold(calls_mutex_);
+      others += " (as found when collective #" + std::to_string(first_failure_seq_) + " failed)";
     }
     text += "; " + others;
   }
@@ -200,11 +226,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(at::Tensor& tensor
     throw Error("asynchronous all_reduce Avg is not available on Gloo: pre-divide and use Sum, "
                 "or call all_reduce()");
   }
+  return issue_all_reduce(tensor, op, op);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::issue_all_reduce(at::Tensor& tensor, ReduceOp wire, ReduceOp asked) {
   const auto& backend = backend_for(tensor.device());
-  const CollectiveCall call = begin(CollectiveKind::AllReduce, &tensor, static_cast<int64_t>(op));
+  std::lock_guard<std::mutex> issuing(issue_mutex_);
+  const CollectiveCall call = begin(CollectiveKind::AllReduce, &tensor, static_cast<int64_t>(asked));
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d(op);
+  opts.reduceOp = to_c10d(wire);
   opts.timeout = options_.timeout();
   auto work = backend->allreduce(tensors, opts);
   remember(work, call);
@@ -218,8 +249,8 @@ void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
     throw Error(std::string("all_reduce avg needs a floating-point tensor, got ") +
                 c10::toString(tensor.scalar_type()));
   }
-  auto work = all_reduce_async(tensor, avg_by_division ? ReduceOp::Sum : op);
-  // The words name the operation the caller asked for (avg), not the sum that implements it.
+  // Recorded as the caller's op (the debug check tells avg from sum), issued as Sum on Gloo.
+  auto work = issue_all_reduce(tensor, avg_by_division ? ReduceOp::Sum : op, op);
   wait(work, CollectiveCall::of(0, CollectiveKind::AllReduce, &tensor, static_cast<int64_t>(op)).describe());
   if (avg_by_division) tensor.div_(size());
 }
@@ -228,13 +259,18 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   check_dense("broadcast", tensor);
   if (root < 0 || root >= size()) throw Error("broadcast root " + std::to_string(root) + " is not a rank");
   const auto& backend = backend_for(tensor.device());
-  const CollectiveCall call = begin(CollectiveKind::Broadcast, &tensor, root);
-  std::vector<at::Tensor> tensors{tensor};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  opts.timeout = options_.timeout();
-  auto work = backend->broadcast(tensors, opts);
-  remember(work, call);
+  c10::intrusive_ptr<c10d::Work> work;
+  CollectiveCall call;
+  {
+    std::lock_guard<std::mutex> issuing(issue_mutex_);
+    call = begin(CollectiveKind::Broadcast, &tensor, root);
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    opts.timeout = options_.timeout();
+    work = backend->broadcast(tensors, opts);
+    remember(work, call);
+  }
   wait(work, call.describe());
 }
 
@@ -272,24 +308,34 @@ void ProcessGroup::broadcast_coalesced(std::vector<at::Tensor>& tensors, int roo
 std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
   check_dense("all_gather", tensor);
   const auto& backend = backend_for(tensor.device());
-  const CollectiveCall call = begin(CollectiveKind::AllGather, &tensor, 0);
   std::vector<at::Tensor> inputs{tensor};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(tensor));
-  c10d::AllgatherOptions opts;
-  opts.timeout = options_.timeout();
-  auto work = backend->allgather(outputs, inputs, opts);
-  remember(work, call);
+  c10::intrusive_ptr<c10d::Work> work;
+  CollectiveCall call;
+  {
+    std::lock_guard<std::mutex> issuing(issue_mutex_);
+    call = begin(CollectiveKind::AllGather, &tensor, 0);
+    c10d::AllgatherOptions opts;
+    opts.timeout = options_.timeout();
+    work = backend->allgather(outputs, inputs, opts);
+    remember(work, call);
+  }
   wait(work, call.describe());
   return outputs[0];
 }
 
 void ProcessGroup::barrier() {
-  const CollectiveCall call = begin(CollectiveKind::Barrier, nullptr, 0);
-  c10d::BarrierOptions opts;
-  opts.timeout = options_.timeout();
-  auto work = gloo_->barrier(opts);
-  remember(work, call);
+  c10::intrusive_ptr<c10d::Work> work;
+  CollectiveCall call;
+  {
+    std::lock_guard<std::mutex> issuing(issue_mutex_);
+    call = begin(CollectiveKind::Barrier, nullptr, 0);
+    c10d::BarrierOptions opts;
+    opts.timeout = options_.timeout();
+    work = gloo_->barrier(opts);
+    remember(work, call);
+  }
   wait(work, call.describe());
 }
 

@@ -42,7 +42,7 @@ bool DdpCore::pre_forward() {
   reducer_->prepare_for_forward(sync_);
   if (!sync_) return false;
   if (options_.broadcast_buffers() && pg_->size() > 1 && !buffers_.empty()) {
-    pg_->broadcast_coalesced(buffers_, 0);
+    pg_->broadcast_coalesced(buffers_, joining_ ? buffer_source_ : 0);
   }
   return true;
 }

@@ -1,20 +1,24 @@
 // Note [Join]: uneven inputs, PyTorch's Join context manager for DDP.
 //
-// While a rank is inside join(), every training forward first all-reduces two counters, the
-// ranks still training and those of them whose forward syncs: [1, sync?1:0] from an active rank.
-// A rank whose loop has ended all-reduces [0, 0] in a loop instead, and reads the sums:
+// While a rank is inside join(), every training forward first all-reduces the ranks still
+// training, those of them whose forward syncs, and which ones they are: [1, sync?1:0, one-hot of
+// the rank] from an active rank. A rank whose loop has ended all-reduces zeros in a loop instead,
+// and reads the sums:
 //   - no rank active: everyone is done, leave the loop;
 //   - active ranks sync this iteration: stand in for it. Issue the same collectives an active
 //     rank issues, in the same order (the one-time bucket rebuild broadcast, the buffer
-//     broadcast, every bucket's all-reduce with a zero contribution, the unused-parameter map),
+//     broadcast from the highest rank still training (PyTorch's choice: a rank out of data has
+//     stale buffers), every bucket's all-reduce with a zero contribution, the unused-parameter map),
 //     so that theirs complete. The average stays divided by the whole world size (PyTorch's
 //     default, divide_by_initial_world_size=True): a rank out of data weighs zero;
 //   - active ranks are inside no_sync(): nothing to match, wait for the next iteration.
 // When every rank is done, a rank that was active to the end (the highest such rank) broadcasts
 // its parameters and buffers: ranks that stopped early missed optimizer steps and must not keep
-// their stale weights. Optimizer state is not synchronised (as in PyTorch).
+// their stale weights. Optimizer state is not synchronised (as in PyTorch). The final sync always
+// includes the buffers (PyTorch follows broadcast_buffers there); parameters and buffers are the
+// ones the module had when DDP was constructed.
 //
-// The cost is one all-reduce of two integers per training forward, only inside join().
+// The cost is one all-reduce of 2 + world-size integers per training forward, only inside join().
 #include <ATen/ATen.h>
 
 #include "tandem/ddp/distributed_data_parallel.h"
@@ -39,31 +43,43 @@ int64_t DdpCore::join(const std::function<void()>& body) {
   return shadow_until_all_joined();
 }
 
-void DdpCore::announce_active() {
-  at::Tensor counts = at::tensor({int64_t{1}, int64_t{sync_ ? 1 : 0}}, at::kLong);
+DdpCore::JoinCounts DdpCore::exchange_join_counts(bool active) {
+  const int world = pg_->size();
+  at::Tensor counts = at::zeros({2 + world}, at::kLong);
+  if (active) {
+    auto* c = counts.data_ptr<int64_t>();
+    c[0] = 1;
+    c[1] = sync_ ? 1 : 0;
+    c[2 + pg_->rank()] = 1;
+  }
   pg_->all_reduce(counts, comm::ReduceOp::Sum);
-  const int64_t active = counts[0].item<int64_t>(), syncing = counts[1].item<int64_t>();
-  TANDEM_CHECK(syncing == 0 || syncing == active, "DDP join: in this iteration ", syncing, " of the ", active,
-               " training ranks sync their gradients and the others are inside no_sync(): every rank must "
-               "use no_sync() for the same iterations");
+  const auto* c = counts.data_ptr<int64_t>();
+  JoinCounts result;
+  result.active = c[0];
+  result.syncing = c[1];
+  for (int r = world - 1; r >= 0 && result.highest_active < 0; --r) {
+    if (c[2 + r] > 0) result.highest_active = r;
+  }
+  TANDEM_CHECK(result.syncing == 0 || result.syncing == result.active, "DDP join: in this iteration ", result.syncing,
+               " of the ", result.active, " training ranks sync their gradients and the others are inside no_sync(): ",
+               "every rank must use no_sync() for the same iterations");
+  buffer_source_ = result.highest_active < 0 ? 0 : result.highest_active;
+  return result;
 }
+
+void DdpCore::announce_active() { (void)exchange_join_counts(/*active=*/true); }
 
 int64_t DdpCore::shadow_until_all_joined() {
   int64_t shadowed = 0;
   bool first = true;
   for (;;) {
-    at::Tensor counts = at::zeros({2}, at::kLong);
-    pg_->all_reduce(counts, comm::ReduceOp::Sum);
-    const int64_t active = counts[0].item<int64_t>(), syncing = counts[1].item<int64_t>();
-    if (active == 0) break;
+    const JoinCounts counts = exchange_join_counts(/*active=*/false);
+    if (counts.active == 0) break;
     first = false;
-    if (syncing == 0) continue;  // they accumulate under no_sync(): no collective to match
-    TANDEM_CHECK(syncing == active, "DDP join: in this iteration ", syncing, " of the ", active,
-                 " training ranks sync their gradients and the others are inside no_sync(): every rank must "
-                 "use no_sync() for the same iterations");
+    if (counts.syncing == 0) continue;  // they accumulate under no_sync(): no collective to match
     ++shadowed;
     reducer_->prepare_for_forward(/*synced=*/true);
-    if (options_.broadcast_buffers() && !buffers_.empty()) pg_->broadcast_coalesced(buffers_, 0);
+    if (options_.broadcast_buffers() && !buffers_.empty()) pg_->broadcast_coalesced(buffers_, buffer_source_);
     reducer_->shadow_iteration();
   }
   // `first`: the loop ended at once, so this rank trained until every rank was done.

@@ -4,6 +4,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -71,32 +75,65 @@ TEST(FailureReport, ListsRanks) {
   EXPECT_EQ(list_ranks({0, 2, 3}), "0, 2 and 3");
 }
 
+void post(c10d::Store& store, int rank, const CollectiveCall& call) {
+  std::string text;
+  for (auto v : call.encode()) text += std::to_string(v) + " ";
+  store.set("tandem/failed_collective/" + std::to_string(rank), std::vector<uint8_t>(text.begin(), text.end()));
+}
+
 // Rank 0 of 4 fails at #9: rank 2 reports the same call, rank 1 another one, rank 3 nothing.
 TEST(FailureReport, NamesSilentRanksAndRanksElsewhere) {
-  c10d::HashStore store;
+  auto store = c10::make_intrusive<c10d::HashStore>();
   auto t = at::zeros({4});
-  auto post = [&](int rank, const CollectiveCall& call) {
-    std::string text;
-    for (auto v : call.encode()) text += std::to_string(v) + " ";
-    store.set("tandem/failed_collective/" + std::to_string(rank), std::vector<uint8_t>(text.begin(), text.end()));
-  };
-  post(2, sum_of(9, t));
-  post(1, CollectiveCall::of(9, CollectiveKind::Barrier, nullptr));
-  const std::string text = explain_failure(store, 0, 4, sum_of(9, t), std::chrono::milliseconds(200));
+  post(*store, 2, sum_of(9, t));
+  post(*store, 1, CollectiveCall::of(9, CollectiveKind::Barrier, nullptr));
+  const std::string text = explain_failure(store, 0, 4, sum_of(9, t), "rank 0", std::chrono::milliseconds(200));
   EXPECT_EQ(text,
-            "rank 3 did not arrive (no report within 200 ms of the failure: stuck outside collectives, or exited); "
-            "rank 1 was in collective #9, barrier");
+            "rank 3 did not arrive (no report within 200 ms of the failure: stuck elsewhere, exited, or more than "
+            "200 ms late); rank 1 was in collective #9, barrier");
   // Our own report is there for the others to read.
-  EXPECT_TRUE(store.check({"tandem/failed_collective/0"}));
+  EXPECT_TRUE(store->check({"tandem/failed_collective/0"}));
 }
 
 TEST(FailureReport, EveryoneInTheSameCallSaysNothing) {
-  c10d::HashStore store;
+  auto store = c10::make_intrusive<c10d::HashStore>();
   auto t = at::zeros({4});
-  std::string text;
-  for (auto v : sum_of(5, t).encode()) text += std::to_string(v) + " ";
-  store.set("tandem/failed_collective/1", std::vector<uint8_t>(text.begin(), text.end()));
-  EXPECT_EQ(explain_failure(store, 0, 2, sum_of(5, t), std::chrono::milliseconds(200)), "");
+  post(*store, 1, sum_of(5, t));
+  EXPECT_EQ(explain_failure(store, 0, 2, sum_of(5, t), "rank 0", std::chrono::milliseconds(200)), "");
+}
+
+// A store that fails after rank 1's report was read, or never answers (its host is stopped).
+class TroubledStore : public c10d::HashStore {
+ public:
+  explicit TroubledStore(bool hang) : hang_(hang) {}
+  bool check(const std::vector<std::string>& keys) override {
+    if (keys.front() != "tandem/failed_collective/1") {
+      if (hang_) std::this_thread::sleep_for(std::chrono::seconds(10));
+      throw std::runtime_error("Connection reset by peer");
+    }
+    return HashStore::check(keys);
+  }
+
+ private:
+  bool hang_;
+};
+
+TEST(FailureReport, AFailingStoreKeepsWhatWasGathered) {
+  auto store = c10::make_intrusive<TroubledStore>(/*hang=*/false);
+  auto t = at::zeros({4});
+  post(*store, 1, CollectiveCall::of(3, CollectiveKind::Barrier, nullptr));
+  EXPECT_EQ(explain_failure(store, 0, 3, sum_of(3, t), "the launcher", std::chrono::milliseconds(200)),
+            "rank 2 could not be asked; rank 1 was in collective #3, barrier; the store that the launcher hosts "
+            "failed: Connection reset by peer (the launcher may have exited)");
+}
+
+TEST(FailureReport, AStoreThatNeverAnswersCostsTheWindowPlusOneSecond) {
+  auto store = c10::make_intrusive<TroubledStore>(/*hang=*/true);
+  auto t = at::zeros({4});
+  const auto start = std::chrono::steady_clock::now();
+  const std::string text = explain_failure(store, 0, 3, sum_of(3, t), "rank 0", std::chrono::milliseconds(200));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(6)) << "waited for the store";
+  EXPECT_THAT(text, HasSubstr("the store that rank 0 hosts did not answer within 1200 ms (rank 0 may be stopped)"));
 }
 
 TEST(DebugLevel, ParsesPyTorchsValues) {
@@ -104,6 +141,7 @@ TEST(DebugLevel, ParsesPyTorchsValues) {
   EXPECT_EQ(parse_debug_level("detail", "TANDEM_DEBUG"), DebugLevel::Detail);
   EXPECT_EQ(parse_debug_level("INFO", "TANDEM_DEBUG"), DebugLevel::Info);
   EXPECT_EQ(parse_debug_level("off", "TANDEM_DEBUG"), DebugLevel::Off);
+  EXPECT_EQ(parse_debug_level("", "TANDEM_DEBUG"), DebugLevel::Off);
   try {
     parse_debug_level("verbose", "TORCH_DISTRIBUTED_DEBUG");
     FAIL() << "accepted 'verbose'";

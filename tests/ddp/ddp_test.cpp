@@ -363,6 +363,58 @@ TEST_P(DdpJoin, UnevenInputsEqualTheReference) {
   for (int r = 1; r < W(); ++r) EXPECT_TRUE(at::equal(everywhere[0], everywhere[r])) << "rank " << r << " differs";
 }
 
+// BatchNorm under join(): before each synced forward the buffers come from the highest rank still
+// training (PyTorch's choice), which here is always the last rank (it has the most batches); the
+// final sync hands its buffers to everyone. So the running statistics must equal those of a
+// reference that saw only the last rank's batches, while the parameters see every rank's.
+TEST(DdpJoinBuffers, RunningStatisticsFollowARankStillTraining) {
+  auto batch_of = [](int rank, int step) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(7000 + 100 * rank + step);
+    return Batch{at::randn({6, 100}, gen), at::randint(0, 5, {6}, gen)};
+  };
+  torch::manual_seed(3);
+  Cnn local;
+  torch::manual_seed(3);
+  Cnn reference;
+  auto model = DistributedDataParallel(local, test::shared_pg());
+  torch::optim::SGD sgd(model->parameters(), 0.05);
+  torch::optim::SGD reference_sgd(reference->parameters(), 0.05);
+  const int mine = batches_of(R()), longest = batches_of(W() - 1);
+  model->join([&] {
+    for (int step = 0; step < mine; ++step) {
+      sgd.zero_grad();
+      Batch b = batch_of(R(), step);
+      loss_of(model->forward(b.x), b.y).backward();
+      sgd.step();
+    }
+  });
+  for (int step = 0; step < longest; ++step) {
+    reference_sgd.zero_grad();
+    for (int r = 0; r < W(); ++r) {
+      if (step >= batches_of(r)) continue;
+      std::vector<at::Tensor> kept;  // only the last rank's forwards move the statistics
+      for (const auto& buffer : reference->buffers()) kept.push_back(buffer.clone());
+      Batch b = batch_of(r, step);
+      (loss_of(reference->forward(b.x), b.y) / W()).backward();
+      if (r != W() - 1) {
+        at::NoGradGuard no_grad;
+        auto buffers = reference->buffers();
+        for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(kept[i]);
+      }
+    }
+    reference_sgd.step();
+  }
+  auto as_double = [](std::vector<at::Tensor> tensors) {
+    for (auto& t : tensors) t = t.detach().to(at::kDouble);
+    return tensors;
+  };
+  const double parameters = max_relative_difference(*model->module(), *reference);
+  const double buffers = test::max_relative_difference(as_double(model->module()->buffers()), as_double(reference->buffers()));
+  std::printf("join/batchnorm on %d ranks: parameters %.3g, running statistics %.3g\n", W(), parameters, buffers);
+  EXPECT_LT(parameters, 1e-5);
+  EXPECT_LT(buffers, 1e-5);
+}
+
 std::vector<JoinCase> join_cases() {
   return {{"default", DistributedDataParallelOptions()},
           {"small_buckets_views", DistributedDataParallelOptions().bucket_cap_mb(0.002).gradient_as_bucket_view(true)},

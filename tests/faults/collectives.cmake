@@ -35,6 +35,13 @@ set_tests_properties(faults.hung_rank.gloo2 faults.hung_rank.gloo4 faults.hung_r
 # Uneven inputs: rank r has 3 + 2r batches; inside DDP's join() the job completes and every rank
 # ends with the single-process reference's weights (the DdpJoin oracle of tests/ddp/ddp_test.cpp).
 # Without join() a rank that runs out and exits is named by the others (faults.exited_rank.gloo2).
-add_test(NAME faults.uneven_inputs.join.gloo2 COMMAND ${TANDEM_CLI_PATH} run --nproc-per-node 2 -- $<TARGET_FILE:ddp_test> --gtest_filter=Cases/DdpJoin.*)
-add_test(NAME faults.uneven_inputs.join.gloo4 COMMAND ${TANDEM_CLI_PATH} run --nproc-per-node 4 -- $<TARGET_FILE:ddp_test> --gtest_filter=Cases/DdpJoin.*)
+add_test(NAME faults.uneven_inputs.join.gloo2 COMMAND ${TANDEM_CLI_PATH} run --nproc-per-node 2 -- $<TARGET_FILE:ddp_test> --gtest_filter=Cases/DdpJoin.*:DdpJoinBuffers.*)
+add_test(NAME faults.uneven_inputs.join.gloo4 COMMAND ${TANDEM_CLI_PATH} run --nproc-per-node 4 -- $<TARGET_FILE:ddp_test> --gtest_filter=Cases/DdpJoin.*:DdpJoinBuffers.*)
 set_tests_properties(faults.uneven_inputs.join.gloo2 faults.uneven_inputs.join.gloo4 PROPERTIES LABELS "faults;multiprocess" TIMEOUT 300)
+# The debug mode adds a collective before every call, so all ranks must have it or none: a rank
+# whose TANDEM_DEBUG differs from rank 0's is refused when the process group is created.
+add_test(NAME faults.debug.level_differs COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_failure.sh 60
+  "the collective debug level differs between ranks: rank 0 runs with OFF, rank 1 with DETAIL"
+  ${TANDEM_CLI_PATH} run --nproc-per-node 2 -- sh -c "[ \"$RANK\" = 1 ] && export TANDEM_DEBUG=DETAIL; exec \"$0\" --scenario=mismatch-op" $<TARGET_FILE:collective_faults>)
+set_tests_properties(faults.debug.level_differs PROPERTIES LABELS "faults;multiprocess" TIMEOUT 120
+  ENVIRONMENT "TANDEM_DEBUG=OFF;TORCH_DISTRIBUTED_DEBUG=")

@@ -108,8 +108,11 @@ class ProcessGroup {
 
  private:
   ProcessGroup(World world, ProcessGroupOptions options);
-  /// Numbers the next call and, in debug mode, checks it against the other ranks'.
+  /// Numbers the next call and, in debug mode, checks it against the other ranks'. Called with
+  /// issue_mutex_ held, which stays held until the backend has the call: numbers follow issue order.
   detail::CollectiveCall begin(detail::CollectiveKind kind, const at::Tensor* tensor, int64_t detail);
+  /// all_reduce as issued (`wire`) and as the caller asked (`asked`: Avg done as Sum then a division).
+  c10::intrusive_ptr<c10d::Work> issue_all_reduce(at::Tensor& tensor, ReduceOp wire, ReduceOp asked);
   void remember(const c10::intrusive_ptr<c10d::Work>& work, const detail::CollectiveCall& call);
   /// The error for a failed collective: `what`, where, the cause, and the other ranks' whereabouts.
   Error failure(const std::string& what, const detail::CollectiveCall* call, const std::exception& cause) const;
@@ -121,10 +124,12 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Backend> nccl_;
   DebugLevel debug_level_ = DebugLevel::Off;
 
-  mutable std::mutex calls_mutex_;  // collectives may be issued from autograd threads
+  std::mutex issue_mutex_;          // collectives may be issued from autograd threads too
+  mutable std::mutex calls_mutex_;
   uint64_t last_seq_ = 0;
   mutable std::deque<std::pair<const c10d::Work*, std::shared_ptr<detail::CollectiveCall>>> in_flight_;
   mutable std::string first_failure_;  // asked once: later failures of the same outage reuse it
+  mutable uint64_t first_failure_seq_ = 0;
 };
 
 }  // namespace tandem::comm

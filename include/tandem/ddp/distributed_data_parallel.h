@@ -54,6 +54,12 @@ class DdpCore {
 
  private:
   void announce_active();              // in join mode: before every training forward
+  /// Both sides of join: the counts of active and syncing ranks, and the highest active rank.
+  struct JoinCounts {
+    int64_t active = 0, syncing = 0;
+    int highest_active = -1;
+  };
+  JoinCounts exchange_join_counts(bool active);
   int64_t shadow_until_all_joined();
   void sync_final_model(bool last_to_join);
 
@@ -64,6 +70,7 @@ class DdpCore {
   std::unique_ptr<Reducer> reducer_;
   bool sync_ = true;
   bool joining_ = false;
+  int buffer_source_ = 0;              // rank 0, or in join mode the highest rank still training
 };
 
 // The tensors of a forward's output, for find_unused_parameters' graph walk and for noticing
@@ -172,6 +179,10 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   /// weights of a rank that trained to the end. Returns how many iterations this rank stood in
   /// for. Each synced training forward inside `body` must be followed by its backward. Rethrows
   /// what `body` throws, without waiting for the others (they then fail naming this rank).
+  /// Inside `body` only this module's collectives may run: a GradScaler's found-inf all-reduce,
+  /// an Accelerator gather/reduce/wait_for_everyone or a checkpoint save would meet the joined
+  /// ranks' join counts instead of their own partners (PyTorch needs a Joinable per component
+  /// for the same reason).
   ///
   /// Example:
   ///   ddp->join([&] {
