@@ -34,6 +34,12 @@ std::function<launch::LaunchOptions()> add_run_flags(CLI::App& app, const std::v
                   "Job id; workers of another job are refused (default: random on one node)");
   run->add_option("--log-dir,--log_dir", options->log_dir,
                   "Folder for each rank's stdout and stderr (default: $TMPDIR/tandem-<run id>)");
+  run->add_option("--backend", options->backend,
+                  "auto or gloo: this launcher's own workers (gloo: TANDEM_CPU_BACKEND=gloo); mpi: start the "
+                  "ranks through Open MPI's mpirun, which must be on PATH")->capture_default_str();
+  run->add_option("--hosts", options->hosts,
+                  "With --backend mpi: the nodes, h1,h2,... (--nproc-per-node ranks on each; this launcher "
+                  "runs once, on h1, which hosts the store)");
   run->add_option("--grace-period", *grace_seconds,
                   "Seconds between SIGTERM and SIGKILL when stopping workers")->capture_default_str();
   // Everything from the program on belongs to the program: `tandem run [flags] [--] PROGRAM ARGS`.
@@ -42,6 +48,8 @@ std::function<launch::LaunchOptions()> add_run_flags(CLI::App& app, const std::v
 
   return [options, grace_seconds, run, after_separator]() {
     launch::LaunchOptions parsed = *options;
+    parsed.nnodes_given = run->get_option("--nnodes")->count() > 0;
+    parsed.node_rank_given = run->get_option("--node-rank")->count() > 0;
     // `tandem run ./w a -- b`: the program came first, so that "--" is one of its arguments.
     parsed.command = run->remaining();
     if (!parsed.command.empty() && !after_separator.empty()) parsed.command.push_back("--");

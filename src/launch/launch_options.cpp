@@ -75,8 +75,67 @@ std::string find_program(const std::string& program) {
   return path;
 }
 
+namespace {
+
+// --hosts h1,h2: names or addresses, no slot counts (--nproc-per-node gives those), no repeats.
+std::vector<std::string> split_hosts(const std::string& spec) {
+  std::vector<std::string> hosts;
+  size_t start = 0;
+  for (;;) {
+    const size_t end = spec.find(',', start);
+    std::string host = spec.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (host.empty()) throw Error("--hosts '" + spec + "' is not valid: expected host names separated by commas (h1,h2)");
+    for (char c : host) {
+      const auto u = static_cast<unsigned char>(c);
+      if (c == ':') {
+        throw Error("--hosts: '" + host + "' has a slot count; give bare host names, --nproc-per-node sets the ranks per host");
+      }
+      if (!(std::isalnum(u) || c == '.' || c == '-' || c == '_')) {
+        throw Error("--hosts: '" + host + "' is not a host name or IPv4 address");
+      }
+    }
+    for (const auto& seen : hosts) {
+      if (seen == host) throw Error("--hosts: '" + host + "' appears twice; each node once");
+    }
+    hosts.push_back(host);
+    if (end == std::string::npos) return hosts;
+    start = end + 1;
+  }
+}
+
+// Note [Launching through mpirun]: one launcher on the first node, mpirun starts every rank.
+void resolve_mpi_flags(LaunchOptions& o) {
+  if (o.node_rank_given) {
+    throw Error("--node-rank is not used with --backend mpi: run tandem once, on the first node, and mpirun starts "
+                "every node's ranks (list the nodes with --hosts)");
+  }
+  if (!o.hosts.empty()) {
+    o.host_list = split_hosts(o.hosts);
+    const int count = static_cast<int>(o.host_list.size());
+    if (o.nnodes_given && o.nnodes != count) {
+      throw Error("--nnodes " + std::to_string(o.nnodes) + " does not match the " + std::to_string(count) +
+                  " host(s) of --hosts " + o.hosts + " (omit --nnodes: the host count implies it)");
+    }
+    o.nnodes = count;
+    if (o.master_addr.empty()) o.master_addr = o.host_list.front();
+  } else if (o.nnodes > 1) {
+    throw Error("--nnodes " + std::to_string(o.nnodes) + " with --backend mpi needs --hosts h1,h2,... naming the " +
+                std::to_string(o.nnodes) + " nodes mpirun starts ranks on");
+  }
+}
+
+}  // namespace
+
 void resolve_flags(LaunchOptions& o, int gpu_count, int cpu_count) {
+  if (o.backend != "auto" && o.backend != "gloo" && o.backend != "mpi") {
+    throw Error("--backend '" + o.backend + "' is not valid: expected auto, gloo or mpi");
+  }
+  if (!o.hosts.empty() && o.backend != "mpi") {
+    throw Error("--hosts needs --backend mpi (without it, run tandem on every node with --nnodes and --node-rank)");
+  }
   o.nproc = resolve_nproc(o.nproc_per_node, gpu_count, cpu_count);
+  if (o.nnodes < 1) throw Error("--nnodes " + std::to_string(o.nnodes) + " is not valid: expected a positive number");
+  if (o.backend == "mpi") resolve_mpi_flags(o);
   if (o.nnodes < 1) throw Error("--nnodes " + std::to_string(o.nnodes) + " is not valid: expected a positive number");
   if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
     throw Error("--node-rank " + std::to_string(o.node_rank) + " is not valid: expected 0.." +
@@ -87,15 +146,24 @@ void resolve_flags(LaunchOptions& o, int gpu_count, int cpu_count) {
   if (o.master_port < 0 || o.master_port > 65535) {
     throw Error("--master-port " + std::to_string(o.master_port) + " is not valid: expected 1..65535");
   }
-  if (o.nnodes > 1) {
+  if (o.nnodes > 1 && o.backend != "mpi") {  // with mpi: the first host, and a free port picked there
     if (o.master_addr.empty()) throw Error("--master-addr is required when --nnodes > 1 (the host of node 0)");
     if (o.master_port == 0) throw Error("--master-port is required when --nnodes > 1 (the same on every node)");
   }
   if (o.master_addr.empty()) o.master_addr = "127.0.0.1";
 }
 
+std::string find_mpirun() {
+  try {
+    return find_program("mpirun");
+  } catch (const Error&) {
+    throw Error(kNoMpirunMessage);
+  }
+}
+
 void resolve(LaunchOptions& o, int gpu_count, int cpu_count) {
   resolve_flags(o, gpu_count, cpu_count);
+  if (o.backend == "mpi") o.mpirun_path = find_mpirun();
   o.program_path = find_program(o.command.empty() ? std::string() : o.command.front());
 
   // Node 0 hosts the store: find out now, before any worker starts, whether its port is free.

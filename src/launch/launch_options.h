@@ -20,11 +20,20 @@ struct LaunchOptions {
   std::string log_dir;               // default: $TMPDIR/tandem-<run id>
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;  // SIGTERM -> SIGKILL
   std::vector<std::string> command;  // the worker program and its arguments
+  std::string backend = "auto";      // auto | gloo | mpi (Note [Launching through mpirun])
+  std::string hosts;                 // --hosts h1,h2,...: only with backend mpi
+  bool nnodes_given = false;         // --nnodes / --node-rank appeared on the command line
+  bool node_rank_given = false;
 
   // Resolved by resolve():
   int nproc = 0;                     // workers on this node
   std::string program_path;          // command[0] found on PATH, checked executable
+  std::vector<std::string> host_list;  // hosts split at commas, checked (backend mpi)
+  std::string mpirun_path;           // Open MPI's mpirun found on PATH (backend mpi)
 };
+
+/// The message when --backend mpi finds no mpirun (a test matches it).
+constexpr const char* kNoMpirunMessage = "--backend mpi needs Open MPI's mpirun on PATH (Debian: openmpi-bin)";
 
 /// Number of workers for a --nproc-per-node spec. Throws tandem::Error.
 int resolve_nproc(const std::string& spec, int gpu_count, int cpu_count);
@@ -41,5 +50,8 @@ void resolve_flags(LaunchOptions& options, int gpu_count, int cpu_count);
 /// The absolute path execve() will run for `program`: a path is checked as is, a bare name is
 /// searched on PATH. Throws tandem::Error when missing, a directory or not executable.
 std::string find_program(const std::string& program);
+
+/// Open MPI's mpirun on PATH (find_program's checks); throws tandem::Error(kNoMpirunMessage).
+std::string find_mpirun();
 
 }  // namespace tandem::launch

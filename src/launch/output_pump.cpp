@@ -10,7 +10,6 @@
 #include "tandem/error.h"
 
 namespace tandem::launch {
-namespace {
 
 void make_dirs(const std::string& path) {
   std::string partial;
@@ -23,8 +22,6 @@ void make_dirs(const std::string& path) {
     if (i < path.size()) partial += path[i];
   }
 }
-
-}  // namespace
 
 OutputPump::OutputPump(std::string log_dir, int attempt)
     : dir_(std::move(log_dir) + "/attempt_" + std::to_string(attempt)) {

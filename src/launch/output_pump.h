@@ -9,6 +9,9 @@
 
 namespace tandem::launch {
 
+/// mkdir -p; throws tandem::Error naming the folder it could not create.
+void make_dirs(const std::string& path);
+
 class OutputPump {
  public:
   /// Log files go to `log_dir/attempt_<attempt>/rank_<rank>.{stdout,stderr}.log`.

@@ -5,14 +5,19 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "tandem/error.h"
+#include "launch/mpirun_command.h"
+#include "launch/mpirun_output.h"
 #include "launch/output_pump.h"
+#include "launch/process_tree.h"
 #include "launch/worker_process.h"
 
 extern char** environ;
@@ -57,6 +62,19 @@ class SignalScope {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
+// A command line as a shell would take it back (for the note that shows mpirun's).
+std::string shell_words(const std::vector<std::string>& words) {
+  std::string out;
+  for (const auto& w : words) {
+    bool plain = !w.empty();
+    for (char c : w) plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_./:=,@%+", c));
+    std::string quoted = "'";
+    for (char c : w) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    out += (out.empty() ? "" : " ") + (plain ? w : quoted + "'");
+  }
+  return out;
+}
+
 }  // namespace
 
 Supervisor::Supervisor(LaunchOptions options) : options_(std::move(options)) {}
@@ -87,6 +105,7 @@ std::vector<std::string> Supervisor::worker_env(int local_rank, int attempt) con
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TANDEM_LOG_DIR", options_.log_dir},
   };
+  if (options_.backend == "gloo") set["TANDEM_CPU_BACKEND"] = "gloo";
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string entry(*e);
@@ -178,23 +197,117 @@ Supervisor::Outcome Supervisor::run_attempt(int attempt) {
   return failure_.empty() ? Outcome::Succeeded : Outcome::Failed;
 }
 
+// Note [Stopping an mpirun job]
+// mpirun puts each local rank in a process group of its own, and when it gets SIGTERM itself it
+// waits odls_base_sigkill_timeout before it passes SIGTERM on. So a signal to the launcher goes
+// at once to every local rank's group (mpirun's children), as `tandem run` does for its own
+// workers; with --hosts also to mpirun, which ends the ranks on the other nodes on Open MPI's
+// schedule (SIGTERM after T, SIGKILL after 2T, T = half the grace period). When the grace period
+// ends, or on a second signal, mpirun's group and every process below the launcher get SIGKILL:
+// the launcher is a child subreaper, so a rank whose mpirun died is still below it. A rank that
+// fails is mpirun's to handle: it ends the job and exits non-zero, which the launcher reports
+// (naming the rank mpirun named) and restarts or fails on.
+Supervisor::Outcome Supervisor::run_mpirun_attempt(int attempt) {
+  const int world = options_.nproc * options_.nnodes;
+  MpirunOutput output(options_.log_dir, attempt, world);
+  failure_.clear();
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e; ++e) inherited.emplace_back(*e);
+  const MpirunCommand command = build_mpirun_command(options_, attempt, ::geteuid() == 0, inherited);
+  if (attempt == 0) note("mpirun command: " + shell_words(command.argv));
+
+  WorkerSpec spec;
+  spec.program_path = command.argv.front();
+  spec.argv = command.argv;
+  spec.env = command.env;
+  std::optional<WorkerProcess> mpirun;
+  try {
+    mpirun.emplace(WorkerProcess::spawn(spec));
+  } catch (const Error& e) {
+    failure_ = e.what();
+    return Outcome::Failed;
+  }
+  output.follow(mpirun->stdout_fd(), mpirun->stderr_fd());
+  const pid_t mpirun_pid = mpirun->pid();
+
+  bool stopping = false;
+  int signals_seen = 0;
+  Clock::time_point kill_deadline = Clock::time_point::max();
+  auto kill_all = [&] {
+    mpirun->signal_group(SIGKILL);
+    kill_descendants_except(mpirun_pid);
+  };
+  for (;;) {
+    std::vector<pollfd> fds{pollfd{g_signal_pipe[0], POLLIN, 0}};
+    output.fill(fds);
+    ::poll(fds.data(), fds.size(), 100);
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents) output.on_ready(fds[i].fd);
+    }
+    unsigned char sig;
+    while (::read(g_signal_pipe[0], &sig, 1) == 1) {
+      if (sig == SIGCHLD) continue;
+      ++signals_seen;
+      if (!interrupt_signal_) interrupt_signal_ = sig;
+      if (signals_seen == 1) {
+        note(std::string("got ") + ::strsignal(sig) + ": stopping all ranks (again to kill them)");
+        stopping = true;
+        kill_deadline = Clock::now() + options_.grace_period;
+        for (pid_t rank : children_of(mpirun_pid)) ::kill(-rank, sig), ::kill(rank, sig);
+        if (!options_.host_list.empty()) ::kill(mpirun_pid, sig);
+      } else {
+        kill_all();
+      }
+    }
+    reap_children_except(mpirun_pid);  // orphans that exited
+    if (mpirun->running() && mpirun->poll_exit() && !stopping && failed(*mpirun->status())) {
+      const int rank = output.failed_rank();
+      failure_ = (rank >= 0 ? "rank " + std::to_string(rank) + " failed (mpirun: " + output.mpirun_summary() + "); "
+                            : std::string()) +
+                 "mpirun ended with " + WorkerProcess::describe_status(*mpirun->status()) + "; its log: " +
+                 (rank >= 0 ? output.stderr_log(rank) : output.mpirun_log());
+    }
+    if (stopping && Clock::now() >= kill_deadline) {
+      kill_all();
+      kill_deadline = Clock::time_point::max();
+    }
+    if (!mpirun->running()) break;
+  }
+  // Whatever mpirun left behind (a rank that outlived it, something a rank started) goes too.
+  const int leftover = kill_descendants_except(mpirun_pid);
+  if (leftover > 0 && !stopping) note(std::to_string(leftover) + " process(es) outlived mpirun: killed");
+  output.drain();
+  if (!failure_.empty()) note(failure_);
+  if (interrupt_signal_) return Outcome::Interrupted;
+  return failure_.empty() ? Outcome::Succeeded : Outcome::Failed;
+}
+
 int Supervisor::run() {
   SignalScope signals;
   const int world = options_.nproc * options_.nnodes;
-  note("starting " + std::to_string(options_.nproc) + " worker(s) on node " +
-       std::to_string(options_.node_rank) + "/" + std::to_string(options_.nnodes) + " (world " +
-       std::to_string(world) + "), master " + options_.master_addr + ":" +
-       std::to_string(options_.master_port) + ", run " + options_.run_id + ", logs in " +
-       options_.log_dir);
+  const bool mpi = options_.backend == "mpi";
+  if (mpi) {
+    // Orphaned ranks (mpirun gone) become our children: findable, killable, reapable.
+    become_subreaper();
+    note("starting " + std::to_string(world) + " rank(s) through mpirun, " + std::to_string(options_.nproc) +
+         " on each of " + std::to_string(options_.nnodes) + " node(s), master " + options_.master_addr + ":" +
+         std::to_string(options_.master_port) + ", run " + options_.run_id + ", logs in " + options_.log_dir);
+  } else {
+    note("starting " + std::to_string(options_.nproc) + " worker(s) on node " +
+         std::to_string(options_.node_rank) + "/" + std::to_string(options_.nnodes) + " (world " +
+         std::to_string(world) + "), master " + options_.master_addr + ":" +
+         std::to_string(options_.master_port) + ", run " + options_.run_id + ", logs in " +
+         options_.log_dir);
+  }
   for (int attempt = 0;; ++attempt) {
-    Outcome outcome = run_attempt(attempt);
+    Outcome outcome = mpi ? run_mpirun_attempt(attempt) : run_attempt(attempt);
     if (outcome == Outcome::Succeeded) return 0;
     if (outcome == Outcome::Interrupted) {
       note(std::string("stopped by ") + ::strsignal(interrupt_signal_));
       return 128 + interrupt_signal_;
     }
     if (attempt < options_.max_restarts) {
-      note("restarting all workers (restart " + std::to_string(attempt + 1) + " of " +
+      note(std::string(mpi ? "restarting mpirun and every rank" : "restarting all workers") + " (restart " + std::to_string(attempt + 1) + " of " +
            std::to_string(options_.max_restarts) + ")");
       continue;
     }

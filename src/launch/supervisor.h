@@ -10,6 +10,8 @@
 // - SIGINT / SIGTERM to the launcher are forwarded to every worker's group; a second one, or the
 //   grace period running out, escalates to SIGKILL. The launcher then exits 128 + signal.
 // - Workers die with the launcher (PR_SET_PDEATHSIG), so even `kill -9` leaves no orphans.
+// - With --backend mpi, mpirun is the one child (Note [Launching through mpirun] in
+//   mpirun_command.h) and stopping it is Note [Stopping an mpirun job] in supervisor.cpp.
 #include <string>
 
 #include "launch/launch_options.h"
@@ -25,6 +27,7 @@ class Supervisor {
  private:
   enum class Outcome { Succeeded, Failed, Interrupted };
   Outcome run_attempt(int attempt);
+  Outcome run_mpirun_attempt(int attempt);  // --backend mpi: Note [Stopping an mpirun job]
   std::vector<std::string> worker_env(int local_rank, int attempt) const;
   void note(const std::string& message) const;
 

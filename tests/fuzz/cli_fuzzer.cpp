@@ -4,7 +4,8 @@
 // checks of launch::resolve_flags; nothing is started, no PATH lookup or port probe is made.
 // run_cli answers 0 (parsed) or 2 (a bad flag: CLI11's parse error or tandem::Error); its 1
 // ("unexpected error": some other std::exception), an exception escaping it, a sanitizer report or
-// accepted options that break resolve_flags' promises are findings.
+// accepted options that break resolve_flags' promises are findings (--backend mpi picks its port
+// later and takes --nnodes from --hosts).
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -40,7 +41,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           const bool ok = o.nproc >= 1 && o.nnodes >= 1 && o.node_rank >= 0 && o.node_rank < o.nnodes &&
                           o.max_restarts >= 0 && o.grace_period.count() >= 0 && o.master_port >= 0 &&
                           o.master_port <= 65535 && !o.master_addr.empty() &&
-                          (o.nnodes == 1 || o.master_port != 0);
+                          (o.nnodes == 1 || o.master_port != 0 || o.backend == "mpi") &&
+                          (o.backend == "auto" || o.backend == "gloo" || o.backend == "mpi") &&
+                          (o.hosts.empty() || o.backend == "mpi") &&
+                          (o.backend != "mpi" || o.nnodes == 1 ||
+                           static_cast<int>(o.host_list.size()) == o.nnodes);
           if (!ok) std::abort();
           return 0;
         }};
