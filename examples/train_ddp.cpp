@@ -52,6 +52,10 @@ int main(int argc, char** argv) {
   try {
     auto world = tandem::comm::World::from_env();
     auto pg = tandem::comm::ProcessGroup::create(world);
+    if (world.is_main()) {
+      std::printf("train_ddp: %d ranks, CPU collectives on %s\n", world.world_size,
+                  tandem::comm::to_string(pg->cpu_backend()));
+    }
 
     Blobs dataset;
     tandem::data::ShardedSampler sampler(static_cast<int64_t>(*dataset.size()), world.world_size, world.rank,

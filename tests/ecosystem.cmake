@@ -14,8 +14,14 @@ if(TARGET train_ddp)
       COMMAND ${_eco}/torchrun.sh ${_mode} ${_eco_torchrun} --expect "${_ok}" -- $<TARGET_FILE:train_ddp> --epochs 1)
     list(APPEND _eco_tests ecosystem.torchrun.${_mode})
   endforeach()
+  # Under plain mpirun the CPU collectives take the MPI backend by themselves, where it is built.
+  set(_eco_mpi_backend "gloo")
+  if(TANDEM_HAVE_MPI)
+    set(_eco_mpi_backend "mpi")
+  endif()
   add_test(NAME ecosystem.mpirun.train_ddp
-    COMMAND ${_eco}/mpirun.sh ok --expect "${_ok}" -- $<TARGET_FILE:train_ddp> --epochs 1)
+    COMMAND ${_eco}/mpirun.sh ok --expect "${_ok}" --expect "CPU collectives on ${_eco_mpi_backend}"
+      -- $<TARGET_FILE:train_ddp> --epochs 1)
   add_test(NAME ecosystem.mpirun.no_master_addr
     COMMAND ${_eco}/mpirun.sh no-master-addr
       --expect "MASTER_ADDR is not set: a world of 2 ranks \\(OMPI_COMM_WORLD_SIZE=2\\) needs the host of rank 0 \\(e\\.g\\. mpirun -x MASTER_ADDR=127\\.0\\.0\\.1\\)"

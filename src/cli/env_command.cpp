@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "tandem/comm/cuda_info.h"
+#include "tandem/comm/cpu_backend.h"
 #include "tandem/comm/debug.h"
 #include "tandem/comm/world.h"
 #include "tandem/error.h"
@@ -35,6 +36,7 @@ Command add_env_command(CLI::App& app) {
     line("cuda runtime", cuda.runtime_version.empty() ? "-" : cuda.runtime_version);
     line("nccl", cuda.nccl_version.empty() ? "-" : cuda.nccl_version);
     line("gloo", "c10d ProcessGroupGloo inside LibTorch");
+    line("mpi", comm::mpi_backend_built() ? comm::mpi_library_version() : "not built (no libopenmpi-dev at build time)");
     line("cuda devices", std::to_string(cuda.devices.size()));
     for (const auto& d : cuda.devices) {
       char text[160];
@@ -56,6 +58,13 @@ Command add_env_command(CLI::App& app) {
                                    (level == comm::DebugLevel::Detail ? " (every call compared across ranks)" : ""));
     } catch (const Error& e) {
       line("collective debug", std::string("INVALID: ") + e.what());
+      rc = 2;
+    }
+    try {
+      const auto choice = comm::resolve_cpu_backend(comm::cpu_backend_from_env());
+      line("cpu backend", std::string(comm::to_string(choice.backend)) + " (" + choice.reason + ")");
+    } catch (const Error& e) {
+      line("cpu backend", std::string("INVALID: ") + e.what());
       rc = 2;
     }
     try {

@@ -7,14 +7,14 @@
 
 namespace tandem::comm::detail {
 
-void check_same_call(c10d::Backend& gloo, const CollectiveCall& call, int size, std::chrono::milliseconds timeout) {
+void check_same_call(c10d::Backend& backend, const CollectiveCall& call, int size, std::chrono::milliseconds timeout) {
   const auto mine = call.encode();
   std::vector<at::Tensor> input{at::tensor(mine, at::kLong)};
   std::vector<std::vector<at::Tensor>> output(1);
   for (int r = 0; r < size; ++r) output[0].push_back(at::empty_like(input[0]));
   c10d::AllgatherOptions options;
   options.timeout = timeout;
-  auto work = gloo.allgather(output, input, options);
+  auto work = backend.allgather(output, input, options);
   work->wait(timeout);
 
   // Ranks grouped by the call they make, in rank order of each group's first member.

@@ -11,6 +11,7 @@
 #include "comm/call_check.h"
 #include "comm/collective_call.h"
 #include "comm/failure_report.h"
+#include "comm/mpi_backend.h"
 #include "comm/nccl_backend.h"
 #include "tandem/comm/net.h"
 #include "tandem/error.h"
@@ -97,13 +98,18 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const World& world,
   pg->debug_level_ = options.debug() ? *options.debug() : debug_level_from_env();
   pg->store_ = rendezvous(world, options.rendezvous_timeout());
   if (world.world_size > 1) agree_on_debug_level(*pg->store_, world.rank, pg->debug_level_);
+  pg->cpu_kind_ = resolve_cpu_backend(options.cpu_backend() ? *options.cpu_backend() : cpu_backend_from_env()).backend;
   try {
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
-    gloo_options->threads = options.gloo_threads();
-    gloo_options->devices.push_back(gloo_device(world));
-    pg->gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        c10::make_intrusive<c10d::PrefixStore>("tandem/gloo", pg->store_), world.rank,
-        world.world_size, gloo_options);
+    if (pg->cpu_kind_ == CpuBackend::Mpi) {
+      pg->cpu_ = detail::make_mpi_backend(world.rank, world.world_size, options.timeout());
+    } else {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
+      gloo_options->threads = options.gloo_threads();
+      gloo_options->devices.push_back(gloo_device(world));
+      pg->cpu_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("tandem/gloo", pg->store_), world.rank,
+          world.world_size, gloo_options);
+    }
     if (options.use_nccl()) {
       pg->nccl_ = detail::make_nccl_backend(
           c10::make_intrusive<c10d::PrefixStore>("tandem/nccl", pg->store_), world.rank,
@@ -125,7 +131,7 @@ ProcessGroup::~ProcessGroup() {
   } catch (...) {
   }
   nccl_.reset();
-  gloo_.reset();
+  cpu_.reset();
   store_.reset();
 }
 
@@ -138,7 +144,7 @@ const c10::intrusive_ptr<c10d::Backend>& ProcessGroup::backend_for(const c10::De
     return nccl_;
   }
   if (!device.is_cpu()) throw Error("no backend for tensors on " + device.str());
-  return gloo_;
+  return cpu_;
 }
 
 uint64_t ProcessGroup::last_sequence_number() const {
@@ -154,7 +160,7 @@ CollectiveCall ProcessGroup::begin(CollectiveKind kind, const at::Tensor* tensor
   }
   if (debug_level_ == DebugLevel::Detail && size() > 1) {
     try {
-      detail::check_same_call(*gloo_, call, size(), options_.timeout());
+      detail::check_same_call(*cpu_, call, size(), options_.timeout());
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -223,8 +229,8 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
 c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
   check_dense("all_reduce", tensor);
   if (op == ReduceOp::Avg && !tensor.is_cuda()) {
-    throw Error("asynchronous all_reduce Avg is not available on Gloo: pre-divide and use Sum, "
-                "or call all_reduce()");
+    throw Error(std::string("asynchronous all_reduce Avg is not available on ") + to_string(cpu_kind_) +
+                ": pre-divide and use Sum, or call all_reduce()");
   }
   return issue_all_reduce(tensor, op, op);
 }
@@ -249,7 +255,7 @@ void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
     throw Error(std::string("all_reduce avg needs a floating-point tensor, got ") +
                 c10::toString(tensor.scalar_type()));
   }
-  // Recorded as the caller's op (the debug check tells avg from sum), issued as Sum on Gloo.
+  // Recorded as the caller's op (the debug check tells avg from sum), issued as Sum on CPU.
   auto work = issue_all_reduce(tensor, avg_by_division ? ReduceOp::Sum : op, op);
   wait(work, CollectiveCall::of(0, CollectiveKind::AllReduce, &tensor, static_cast<int64_t>(op)).describe());
   if (avg_by_division) tensor.div_(size());
@@ -333,7 +339,7 @@ void ProcessGroup::barrier() {
     call = begin(CollectiveKind::Barrier, nullptr, 0);
     c10d::BarrierOptions opts;
     opts.timeout = options_.timeout();
-    work = gloo_->barrier(opts);
+    work = cpu_->barrier(opts);
     remember(work, call);
   }
   wait(work, call.describe());

@@ -25,11 +25,11 @@ using tandem::test::pg;
 int W() { return pg().size(); }
 int R() { return pg().rank(); }
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kInt, at::kLong, at::kBFloat16};
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kInt, at::kLong, at::kHalf, at::kBFloat16};
 const std::vector<int64_t> kSizes = {0, 1, 7, 1000, 1 << 18};
 
 // Small integers: exact in every dtype above, and their sums over 4 ranks too (bf16 holds
-// integers exactly only up to 256).
+// integers exactly only up to 256, half up to 2048).
 at::Tensor pattern(int64_t n, at::ScalarType dtype) {
   return at::arange(n, at::kLong).remainder(dtype == at::kBFloat16 ? 16 : 100).to(dtype);
 }
@@ -74,6 +74,30 @@ TEST(Collectives, AllReduceAvgIsSumOverWorldSize) {
       EXPECT_TRUE(at::equal(t, expected)) << label(dtype, n);
     }
   }
+}
+
+// DDP keeps several buckets in flight and waits for them in its own order: every one must
+// complete, whatever the order of the waits (the MPI backend runs them on one thread, in order).
+TEST(Collectives, AsyncAllReducesCompleteInAnyWaitOrder) {
+  std::vector<at::Tensor> buckets;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int64_t b = 0; b < 6; ++b) {
+    buckets.push_back(pattern(1000 * (b + 1), at::kFloat) * (R() + 1));
+    works.push_back(pg().all_reduce_async(buckets.back(), ReduceOp::Sum));
+  }
+  for (int64_t b = 5; b >= 0; --b) {
+    pg().wait(works[static_cast<size_t>(b)], "bucket " + std::to_string(b));
+    EXPECT_TRUE(at::equal(buckets[static_cast<size_t>(b)], pattern(1000 * (b + 1), at::kFloat) * (W() * (W() + 1) / 2)))
+        << "bucket " << b;
+  }
+}
+
+// The ctest entry says which CPU backend it means to test; the group must have picked it
+// (auto under mpirun is MPI, under `tandem run` Gloo).
+TEST(Collectives, CpuBackendIsTheExpectedOne) {
+  const char* expected = std::getenv("TANDEM_TEST_EXPECT_CPU_BACKEND");
+  if (!expected) GTEST_SKIP() << "TANDEM_TEST_EXPECT_CPU_BACKEND not set";
+  EXPECT_STREQ(tandem::comm::to_string(pg().cpu_backend()), expected);
 }
 
 TEST(Collectives, AllReduceOf100MB) {

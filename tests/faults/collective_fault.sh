@@ -5,13 +5,14 @@
 #   - a line matches the extended REGEX (the error names the call, its number, the missing rank),
 #   - every rank that reports "detected after N ms" detected within TIMEOUT_MS + 5 s: the bound
 #     docs/reliability.md promises (a rank stuck forever must cost the others no more than that).
+# TANDEM_FAULT_BACKEND=mpi runs the job under `tandem run --backend mpi` (Open MPI's mpirun).
 set -u
 tandem="$1"; binary="$2"; nproc="$3"; scenario="$4"; timeout_ms="$5"; pattern="$6"
 out="$(mktemp)"; trap 'rm -f "$out"' EXIT
 limit=$(( timeout_ms / 1000 + 60 ))
 start=$(date +%s%N)
 TANDEM_TEST_COLLECTIVE_TIMEOUT_MS="$timeout_ms" timeout --kill-after=5 "$limit" \
-  "$tandem" run --nproc-per-node "$nproc" -- "$binary" "--scenario=$scenario" > "$out" 2>&1
+"$tandem" run ${TANDEM_FAULT_BACKEND:+--backend "$TANDEM_FAULT_BACKEND"} --nproc-per-node "$nproc" -- "$binary" "--scenario=$scenario" > "$out" 2>&1
 rc=$?
 elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 cat "$out"

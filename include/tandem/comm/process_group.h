@@ -1,9 +1,10 @@
 #pragma once
 // ProcessGroup: the collectives of one World, on c10d's engines.
 //
-// Tensors on the CPU go through c10d::ProcessGroupGloo, CUDA tensors through
-// c10d::ProcessGroupNCCL (where Tandem was built with CUDA and a GPU is present). Both share the
-// rendezvous store. Destruction shuts the backends down before the store.
+// Tensors on the CPU go through c10d::ProcessGroupGloo or Tandem's Open MPI backend
+// (tandem/comm/cpu_backend.h), CUDA tensors through c10d::ProcessGroupNCCL (where Tandem was built
+// with CUDA and a GPU is present). All share the rendezvous store. Destruction shuts the backends
+// down before the store.
 //
 // Every collective gets a sequence number (1, 2, ...), the same on every rank for the same call.
 // A failed one says which: "all_reduce of 4 Float on cpu (sum) failed on rank 0 of 2 at
@@ -31,6 +32,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "tandem/comm/cpu_backend.h"
 #include "tandem/comm/debug.h"
 #include "tandem/comm/rendezvous.h"
 #include "tandem/comm/world.h"
@@ -59,10 +61,12 @@ struct ProcessGroupOptions {
   TORCH_ARG(std::chrono::milliseconds, timeout) = kDefaultCollectiveTimeout;
   /// How long to wait for every rank to reach the store.
   TORCH_ARG(std::chrono::milliseconds, rendezvous_timeout) = kDefaultRendezvousTimeout;
-  /// Threads Gloo uses to run collectives.
+  /// Threads Gloo uses to run collectives (the MPI backend runs them on one thread).
   TORCH_ARG(int, gloo_threads) = 2;
   /// Create the NCCL backend when this build has it and a GPU is visible.
   TORCH_ARG(bool, use_nccl) = true;
+  /// The CPU tensors' backend; unset: TANDEM_CPU_BACKEND, else Auto (MPI under an MPI launcher).
+  TORCH_ARG(std::optional<CpuBackend>, cpu_backend) = std::nullopt;
   /// Collective debug level; unset: TANDEM_DEBUG, else TORCH_DISTRIBUTED_DEBUG, else Off.
   TORCH_ARG(std::optional<DebugLevel>, debug) = std::nullopt;
 };
@@ -82,19 +86,22 @@ class ProcessGroup {
   const ProcessGroupOptions& options() const { return options_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   bool has_nccl() const { return static_cast<bool>(nccl_); }
+  /// The backend of CPU tensors: Gloo or Mpi (never Auto).
+  CpuBackend cpu_backend() const { return cpu_kind_; }
   DebugLevel debug_level() const { return debug_level_; }
   /// The sequence number of the last collective issued (0 before the first).
   uint64_t last_sequence_number() const;
 
-  /// The c10d backend that serves tensors on `device` (Gloo for CPU, NCCL for CUDA).
+  /// The c10d backend that serves tensors on `device` (Gloo or MPI for CPU, NCCL for CUDA).
   const c10::intrusive_ptr<c10d::Backend>& backend_for(const c10::Device& device) const;
 
   // Asynchronous all-reduce: the caller waits on the returned work (see wait()). Avg is native
-  // on NCCL; Gloo has none, so on CPU tensors async Avg is refused: pre-divide and Sum, as DDP does.
+  // on NCCL; Gloo and MPI have none, so on CPU tensors async Avg is refused: pre-divide and Sum,
+  // as DDP does.
   c10::intrusive_ptr<c10d::Work> all_reduce_async(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
 
   // Synchronous collectives; failures and timeouts throw tandem::Error naming the operation.
-  // all_reduce Avg on Gloo is Sum then one division (exact when the sum is), floating dtypes only.
+  // all_reduce Avg on CPU is Sum then one division (exact when the sum is), floating dtypes only.
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
   void broadcast(at::Tensor& tensor, int root = 0);
   /// Several tensors from `root` in one message per dtype/device (used to sync model state).
@@ -120,7 +127,8 @@ class ProcessGroup {
   World world_;
   ProcessGroupOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::Backend> gloo_;
+  c10::intrusive_ptr<c10d::Backend> cpu_;  // Gloo or MPI
+  CpuBackend cpu_kind_ = CpuBackend::Gloo;
   c10::intrusive_ptr<c10d::Backend> nccl_;
   DebugLevel debug_level_ = DebugLevel::Off;
 

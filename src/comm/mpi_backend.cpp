@@ -1,0 +1,312 @@
+#include "comm/mpi_backend.h"
+
+#include <cstdlib>
+
+#include "tandem/error.h"
+#include "tandem_version_config.h"
+
+#if TANDEM_BUILT_WITH_MPI
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <condition_variable>
+#include <mutex>
+
+#include <ATen/ATen.h>
+#include <mpi.h>
+
+#include "comm/mpi_engine.h"
+#endif
+
+namespace tandem::comm::detail {
+
+bool started_by_mpi_launcher(std::string* how) {
+  // mpirun / orterun set OMPI_COMM_WORLD_*; srun --mpi=pmix and prterun set PMIX_RANK; srun
+  // --mpi=pmi2 sets PMI_RANK. Without one, MPI_Init makes a world of one (a "singleton").
+  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* value = std::getenv(variable); value && *value) {
+      if (how) *how = variable;
+      return true;
+    }
+  }
+  return false;
+}
+
+#if !TANDEM_BUILT_WITH_MPI
+bool mpi_built() { return false; }
+
+std::string mpi_library_version() { return "none (built without Open MPI's development files: libopenmpi-dev)"; }
+
+c10::intrusive_ptr<c10d::Backend> make_mpi_backend(int, int, std::chrono::milliseconds) {
+  throw Error("this build of Tandem has no MPI backend: install Open MPI's development files "
+              "(Debian: libopenmpi-dev; scripts/setup installs it) and rebuild, or use TANDEM_CPU_BACKEND=gloo");
+}
+#else
+namespace {
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, static_cast<size_t>(length));
+}
+
+void check(int code, const char* call) {
+  if (code != MPI_SUCCESS) throw Error(std::string(call) + " failed: " + mpi_error_text(code));
+}
+
+// Half and BFloat16 have no MPI type: they travel as 16-bit words and reduce with our own ops,
+// each element through float and rounded back, as c10's arithmetic (and Gloo) does.
+enum class Combine { Sum, Product, Min, Max };
+
+template <typename T, Combine C>
+void combine16(void* in, void* inout, int* length, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *length; ++i) {
+    const float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+    float r = 0;
+    if constexpr (C == Combine::Sum) r = x + y;
+    if constexpr (C == Combine::Product) r = x * y;
+    if constexpr (C == Combine::Min) r = std::min(x, y);
+    if constexpr (C == Combine::Max) r = std::max(x, y);
+    b[i] = static_cast<T>(r);
+  }
+}
+
+Combine combine_of(c10d::ReduceOp op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM: return Combine::Sum;
+    case c10d::ReduceOp::PRODUCT: return Combine::Product;
+    case c10d::ReduceOp::MIN: return Combine::Min;
+    case c10d::ReduceOp::MAX: return Combine::Max;
+    default:
+      // AVG never reaches a CPU backend: ProcessGroup sums and divides (as it does on Gloo).
+      throw Error("the MPI backend reduces with sum, product, min or max");
+  }
+}
+
+// The 16-bit ops, made once, on the engine thread (the only one that calls MPI).
+template <typename T>
+MPI_Op op16(Combine c) {
+  static MPI_Op ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  MPI_Op& op = ops[static_cast<int>(c)];
+  if (op == MPI_OP_NULL) {
+    MPI_User_function* fn = c == Combine::Sum       ? &combine16<T, Combine::Sum>
+                            : c == Combine::Product ? &combine16<T, Combine::Product>
+                            : c == Combine::Min     ? &combine16<T, Combine::Min>
+                                                    : &combine16<T, Combine::Max>;
+    check(MPI_Op_create(fn, /*commute=*/1, &op), "MPI_Op_create");
+  }
+  return op;
+}
+
+struct Reduction {
+  MPI_Datatype type;
+  MPI_Op op;
+};
+
+Reduction reduction_for(at::ScalarType dtype, c10d::ReduceOp reduce) {
+  const Combine c = combine_of(reduce);
+  const MPI_Op standard = c == Combine::Sum ? MPI_SUM : c == Combine::Product ? MPI_PROD : c == Combine::Min ? MPI_MIN : MPI_MAX;
+  switch (dtype) {
+    case at::kFloat: return {MPI_FLOAT, standard};
+    case at::kDouble: return {MPI_DOUBLE, standard};
+    case at::kLong: return {MPI_INT64_T, standard};
+    case at::kInt: return {MPI_INT32_T, standard};
+    case at::kShort: return {MPI_INT16_T, standard};
+    case at::kChar: return {MPI_INT8_T, standard};
+    case at::kByte: return {MPI_UINT8_T, standard};
+    case at::kBool:  // sum and max: any rank's true; product and min: every rank's
+      return {MPI_C_BOOL, c == Combine::Sum || c == Combine::Max ? MPI_LOR : MPI_LAND};
+    case at::kHalf: return {MPI_UINT16_T, op16<c10::Half>(c)};
+    case at::kBFloat16: return {MPI_UINT16_T, op16<c10::BFloat16>(c)};
+    default:
+      throw Error(std::string("the MPI backend cannot reduce ") + c10::toString(dtype) + " tensors");
+  }
+}
+
+// MPI counts are int: larger buffers go in pieces.
+constexpr int64_t kMaxPiece = INT_MAX / 16;
+
+class MpiWork : public c10d::Work {
+ public:
+  MpiWork(int rank, c10d::OpType type, std::string what, std::chrono::milliseconds default_timeout)
+      : c10d::Work(rank, type), what_(std::move(what)), default_timeout_(default_timeout) {}
+
+  void finish(std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> hold(mutex_);
+      done_ = true;
+      error_ = std::move(error);
+    }
+    done_signal_.notify_all();
+  }
+
+  bool isCompleted() override {
+    std::lock_guard<std::mutex> hold(mutex_);
+    return done_;
+  }
+  bool isSuccess() const override {
+    std::lock_guard<std::mutex> hold(mutex_);
+    return done_ && !error_;
+  }
+  std::exception_ptr exception() const override {
+    std::lock_guard<std::mutex> hold(mutex_);
+    return error_;
+  }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout == kNoTimeout) timeout = default_timeout_;
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!done_signal_.wait_for(lock, timeout, [this] { return done_; })) {
+      const std::string why = "MPI " + what_ + " timed out after " + std::to_string(timeout.count()) + " ms";
+      MpiEngine::instance().mark_stuck(
+          why + " and never returned (MPI cannot cancel a collective: exit non-zero and mpirun ends the job)");
+      throw Error(why);
+    }
+    if (error_) std::rethrow_exception(error_);
+    return true;
+  }
+
+ private:
+  const std::string what_;
+  const std::chrono::milliseconds default_timeout_;
+  mutable std::mutex mutex_;
+  std::condition_variable done_signal_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class MpiBackend : public c10d::Backend {
+ public:
+  MpiBackend(int rank, int size, std::chrono::milliseconds timeout, MPI_Comm comm)
+      : c10d::Backend(rank, size), timeout_(timeout), comm_(comm) {}
+
+  ~MpiBackend() override {
+    try {
+      MpiEngine::instance().submit([comm = comm_]() mutable { MPI_Comm_free(&comm); });
+    } catch (...) {
+      // Stuck or finalized: the communicator goes with the process.
+    }
+  }
+
+  const std::string getBackendName() const override { return "mpi"; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    at::Tensor t = single_cpu_tensor(tensors, "all_reduce");
+    const c10d::ReduceOp reduce = opts.reduceOp;
+    return enqueue(c10d::OpType::ALLREDUCE, "all_reduce", [t, reduce, comm = comm_] {
+      const Reduction r = reduction_for(t.scalar_type(), reduce);
+      char* data = static_cast<char*>(t.data_ptr());
+      const int64_t n = t.numel(), item = t.element_size();
+      for (int64_t at = 0; at < n; at += kMaxPiece) {
+        const int count = static_cast<int>(std::min(kMaxPiece, n - at));
+        check(MPI_Allreduce(MPI_IN_PLACE, data + at * item, count, r.type, r.op, comm), "MPI_Allreduce");
+      }
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    at::Tensor t = single_cpu_tensor(tensors, "broadcast");
+    const int root = static_cast<int>(opts.rootRank);
+    return enqueue(c10d::OpType::BROADCAST, "broadcast", [t, root, comm = comm_] {
+      char* data = static_cast<char*>(t.data_ptr());
+      const int64_t bytes = t.nbytes();
+      for (int64_t at = 0; at < bytes; at += kMaxPiece) {
+        const int count = static_cast<int>(std::min(kMaxPiece, bytes - at));
+        check(MPI_Bcast(data + at, count, MPI_BYTE, root, comm), "MPI_Bcast");
+      }
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions&) override {
+    at::Tensor in = single_cpu_tensor(inputs, "all_gather");
+    if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(getSize())) {
+      throw Error("the MPI backend's all_gather needs one output list with a tensor per rank");
+    }
+    if (in.nbytes() > static_cast<size_t>(kMaxPiece)) {
+      throw Error("the MPI backend gathers at most " + std::to_string(kMaxPiece) + " bytes per rank");
+    }
+    std::vector<at::Tensor> out = outputs[0];
+    return enqueue(c10d::OpType::ALLGATHER, "all_gather", [in, out, comm = comm_] {
+      const int bytes = static_cast<int>(in.nbytes());
+      at::Tensor flat = at::empty({static_cast<int64_t>(out.size()) * bytes}, at::kByte);
+      check(MPI_Allgather(in.data_ptr(), bytes, MPI_BYTE, flat.data_ptr(), bytes, MPI_BYTE, comm), "MPI_Allgather");
+      for (size_t r = 0; r < out.size(); ++r) {
+        std::memcpy(out[r].data_ptr(), flat.data_ptr<uint8_t>() + r * static_cast<size_t>(bytes), static_cast<size_t>(bytes));
+      }
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+    return enqueue(c10d::OpType::BARRIER, "barrier", [comm = comm_] { check(MPI_Barrier(comm), "MPI_Barrier"); });
+  }
+
+ private:
+  static at::Tensor single_cpu_tensor(const std::vector<at::Tensor>& tensors, const char* op) {
+    if (tensors.size() != 1 || !tensors[0].defined() || !tensors[0].device().is_cpu() || !tensors[0].is_contiguous()) {
+      throw Error(std::string("the MPI backend's ") + op + " takes one contiguous CPU tensor");
+    }
+    return tensors[0];
+  }
+
+  template <typename Call>
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* what, Call call) {
+    auto work = c10::make_intrusive<MpiWork>(getRank(), type, what, timeout_);
+    MpiEngine::instance().submit([work, call]() {
+      try {
+        call();
+        work->finish(nullptr);
+      } catch (...) {
+        work->finish(std::current_exception());
+      }
+    });
+    return work;
+  }
+
+  const std::chrono::milliseconds timeout_;
+  const MPI_Comm comm_;
+};
+
+}  // namespace
+
+bool mpi_built() { return true; }
+
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(text, &length);  // allowed before MPI_Init
+  std::string version(text, static_cast<size_t>(length));
+  return version.substr(0, version.find_first_of("\r\n"));
+}
+
+c10::intrusive_ptr<c10d::Backend> make_mpi_backend(int rank, int size, std::chrono::milliseconds timeout) {
+  if (!started_by_mpi_launcher()) {
+    throw Error("the MPI backend needs processes started by an MPI launcher (`tandem run --backend mpi`, "
+                "mpirun, or srun --mpi=pmix): none of OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_RANK is set");
+  }
+  MpiEngine& engine = MpiEngine::instance();
+  MPI_Comm comm = MPI_COMM_NULL;
+  int mpi_rank = -1, mpi_size = 0;
+  engine.run([&] {
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);  // errors come back as codes, not aborts
+    MPI_Comm_rank(comm, &mpi_rank);
+    MPI_Comm_size(comm, &mpi_size);
+  });
+  if (mpi_rank != rank || mpi_size != size) {
+    engine.submit([comm]() mutable { MPI_Comm_free(&comm); });
+    throw Error("MPI places this process at rank " + std::to_string(mpi_rank) + " of " + std::to_string(mpi_size) +
+                ", Tandem's world at rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                ": start every rank with one MPI launcher (mpirun -np N, or `tandem run --backend mpi`)");
+  }
+  return c10::make_intrusive<MpiBackend>(rank, size, timeout, comm);
+}
+#endif
+
+}  // namespace tandem::comm::detail

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Two "hosts" made with network namespaces joined by a veth pair, two ranks each, started by one
+# `tandem run --backend mpi --hosts A,B` in host A: Open MPI's mpirun starts host B's ranks through
+# its rsh agent (here `ip netns exec B` instead of ssh), and the ranks of different hosts talk
+# MPI over TCP across the veth pair (shared memory only within a host).
+# Exit 77 (ctest: skipped) where the machine refuses namespaces.
+# netns_mpi_test.sh TANDEM WORKER [WORKER ARGS...]
+set -u
+TANDEM="$1"; shift
+A=tandem_mpi_a_$$; B=tandem_mpi_b_$$
+NET=10.232.$(( $$ % 250 )); ADDR_A=$NET.1; ADDR_B=$NET.2
+work="$(mktemp -d)"
+cleanup() { ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+if ! ip netns add "$A" 2>/dev/null || ! ip netns add "$B" 2>/dev/null; then
+  echo "SKIPPED: this machine refuses network namespaces (ip netns add failed; needs root / CAP_SYS_ADMIN)"
+  exit 77
+fi
+set -e
+ip link add "ma$$" netns "$A" type veth peer name "mb$$" netns "$B"
+ip -n "$A" addr add "$ADDR_A/24" dev "ma$$"; ip -n "$B" addr add "$ADDR_B/24" dev "mb$$"
+for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
+ip -n "$A" link set "ma$$" up; ip -n "$B" link set "mb$$" up
+set +e
+
+# mpirun calls the agent as `AGENT HOST COMMAND...`, as it would call ssh.
+cat > "$work/netns_agent" <<AGENT
+#!/bin/sh
+host="\$1"; shift
+case "\$host" in
+  $ADDR_A) ns=$A ;;
+  $ADDR_B) ns=$B ;;
+  *) echo "netns_agent: unknown host \$host" >&2; exit 255 ;;
+esac
+exec ip netns exec "\$ns" /bin/sh -c "\$*"
+AGENT
+chmod +x "$work/netns_agent"
+
+# Out-of-band and MPI traffic over the veth pair only (loopback would look like a shared host).
+export OMPI_MCA_plm_rsh_agent="$work/netns_agent"
+export OMPI_MCA_oob_tcp_if_include="$NET.0/24" OMPI_MCA_btl_tcp_if_include="$NET.0/24"
+start=$(date +%s)
+ip netns exec "$A" timeout --kill-after=5 240 "$TANDEM" run --backend mpi --hosts "$ADDR_A,$ADDR_B" --nproc-per-node 2 \
+  --master-addr "$ADDR_A" -- "$@" > "$work/out.log" 2>&1
+rc=$?
+tail -n 40 "$work/out.log"
+echo "netns_mpi: exit $rc after $(( $(date +%s) - start )) s"
+[[ $rc -eq 0 ]] || { echo "netns_mpi: FAILED"; exit 1; }
+echo "netns_mpi: 2 hosts x 2 ranks over MPI passed"
