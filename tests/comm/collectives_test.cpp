@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <cstdlib>
 #include <thread>
@@ -73,6 +74,31 @@ TEST(Collectives, AllReduceAvgIsSumOverWorldSize) {
       at::Tensor expected = pattern(n, dtype) * ((W() + 1) / 2.0);
       EXPECT_TRUE(at::equal(t, expected)) << label(dtype, n);
     }
+  }
+}
+
+// Half and BFloat16 sums (DDP's compression hooks) round after every addition, whatever the
+// backend's order: each element must be within (W - 1) roundings of the exact sum of the inputs,
+// |result - exact| <= (W - 1) * u * sum |x_r| with u the unit roundoff, and the same on every rank.
+TEST(Collectives, AllReduceOfHalfPrecisionIsWithinRoundingOfTheExactSum) {
+  for (auto dtype : {at::kHalf, at::kBFloat16}) {
+    const double u = dtype == at::kHalf ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+    std::vector<at::Tensor> inputs;
+    for (int r = 0; r < W(); ++r) {
+      at::manual_seed(1000 + r);
+      inputs.push_back(at::randn({100000}).to(dtype));
+    }
+    at::Tensor t = inputs[static_cast<size_t>(R())].clone();
+    pg().all_reduce(t, ReduceOp::Sum);
+    at::Tensor exact = at::zeros({100000}, at::kDouble), magnitude = at::zeros({100000}, at::kDouble);
+    for (const auto& x : inputs) {
+      exact += x.to(at::kDouble);
+      magnitude += x.to(at::kDouble).abs();
+    }
+    at::Tensor excess = (t.to(at::kDouble) - exact).abs() - magnitude * ((W() - 1) * u) - exact.abs() * u;
+    EXPECT_LE(excess.max().item<double>(), 0.0) << c10::toString(dtype) << " on " << W() << " ranks";
+    auto all = pg().all_gather(t);
+    for (int r = 0; r < W(); ++r) EXPECT_TRUE(at::equal(all[static_cast<size_t>(r)], t)) << "rank " << r << " differs";
   }
 }
 

@@ -23,16 +23,18 @@ for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
 ip -n "$A" link set "ma$$" up; ip -n "$B" link set "mb$$" up
 set +e
 
-# mpirun calls the agent as `AGENT HOST COMMAND...`, as it would call ssh.
+# mpirun calls the agent as `AGENT HOST COMMAND...`, as it would call ssh. A real second host
+# also has its own /dev/shm: Open MPI names its shared-memory segments there by hostname, job and
+# local rank, and both "hosts" here share one hostname, so host B's ranks would map host A's
+# segments (seen: a segfault in MPI_Comm_dup, one run in three). Host B gets a private one.
 cat > "$work/netns_agent" <<AGENT
 #!/bin/sh
 host="\$1"; shift
 case "\$host" in
-  $ADDR_A) ns=$A ;;
-  $ADDR_B) ns=$B ;;
+  $ADDR_B) exec ip netns exec $B unshare --mount --propagation private /bin/sh -c \
+             'mount -t tmpfs tmpfs /dev/shm && exec /bin/sh -c "\$0"' "\$*" ;;
   *) echo "netns_agent: unknown host \$host" >&2; exit 255 ;;
 esac
-exec ip netns exec "\$ns" /bin/sh -c "\$*"
 AGENT
 chmod +x "$work/netns_agent"
 

@@ -216,10 +216,14 @@ std::vector<Variant> variants() {
 // Compression hooks round every gradient to 16 bits: a looser tolerance, and SGD only. Under
 // Adam the comparison with an fp32 reference is dominated by Adam dividing near-zero gradients
 // by their own tiny norms, which turns rounding into O(1) relative changes of those weights.
+// bf16 keeps 8 bits, and the order of the sum matters after 20 steps: the CNN on 4 ranks ends
+// 0.021-0.026 away with ring orders (Gloo; Open MPI's ring) and 0.065-0.069 with tree orders
+// (Open MPI's recursive doubling and Rabenseifner, its defaults here). The sum itself is checked
+// within rounding bounds of the exact one on every backend (collectives_test).
 std::vector<Variant> compression_variants() {
   using O = DistributedDataParallelOptions;
   return {{"fp16_hook", O(), Hook::Fp16, 5e-2, true},
-          {"bf16_hook", O().gradient_as_bucket_view(true), Hook::Bf16, 5e-2, true}};
+          {"bf16_hook", O().gradient_as_bucket_view(true), Hook::Bf16, 1e-1, true}};
 }
 
 struct Case {
