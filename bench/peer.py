@@ -57,6 +57,7 @@ def parse_flags(argv=None):
     ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--replicas", type=positive, default=2, help="dp: replicas (CUDA devices)")
+    ap.add_argument("--sweep-min-bytes", type=positive, default=4096, help="sweep: smallest buffer (the worker's)")
     ap.add_argument("--sweep-max-bytes", type=positive, default=64 << 20, help="sweep: largest buffer")
     ap.add_argument("--out", help="append the record here (default: stdout)")
     a = ap.parse_args(argv)
@@ -511,7 +512,9 @@ class Measurement:
             rank_p50_s=[g[0].item() for g in gathered],
             forward_p50_s=percentile(loop.forward, 0.5), backward_p50_s=percentile(loop.backward, 0.5),
             optimizer_p50_s=percentile(loop.optimizer, 0.5),
-            peak_mem_bytes=peak, mem_kind=mem_kind, versions=self.versions)
+            peak_mem_bytes=peak, mem_kind=mem_kind, versions=self.versions,
+            # CPU collectives: always Gloo here (PyTorch's wheel has no MPI); one process: none.
+            **({} if self.cuda or a.strategy in ("single", "dp") else {"backend": "gloo"}))
 
 
 def main(argv=None):

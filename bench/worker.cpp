@@ -5,14 +5,17 @@
 //   tandem-bench-worker --model small|medium|large --scale tiny|cpu|full --strategy S
 //                       [--batch-size B] [--steps N] [--warmup K] [--threads T]
 //                       [--precision fp32|bf16|fp16] [--device cpu|cuda] [--replicas R]
-//                       [--sweep-max-bytes N] [--out FILE]
+//                       [--sweep-min-bytes N] [--sweep-max-bytes N] [--out FILE]
 //
 // Strategies: single (plain loop, world 1), ddp (DistributedDataParallel, synced every step),
 // ddp-no-sync (DDP with every step under no_sync: compute without communication), accelerate
 // (tandem::Accelerator, strategy Ddp), dp-replicate / dp-persistent (tandem::dp::DataParallel
 // over R replicas in one process), allreduce (the model's gradient bytes all-reduced through the
-// process group, in DDP's bucket layout and flat), sweep (all_reduce of 4 KiB, 16 KiB, ...
-// float32 buffers). `dp` (torch.nn.DataParallel) is the peer's alone.
+// process group, in DDP's bucket layout and flat), sweep (all_reduce of float32 buffers from
+// --sweep-min-bytes, 4 KiB by default, x4 apart up to --sweep-max-bytes, 64 MiB by default).
+// `dp` (torch.nn.DataParallel) is the peer's alone. The CPU collectives run on the backend
+// TANDEM_CPU_BACKEND or the launcher chose (`tandem run --backend gloo|mpi`); the record's
+// "backend" names the one the process group really used.
 //
 // Every step: zero_grad, forward + loss (under autocast for bf16/fp16), backward (the loss
 // scaled by a GradScaler for fp16), optimizer step (SGD lr 0.01 momentum 0.9). One synthetic
@@ -64,7 +67,7 @@ struct Options {
   std::string model = "small", scale = "cpu", strategy = "ddp", precision = "fp32", device = "cpu", out;
   int64_t batch = 32;
   int steps = 20, warmup = 3, threads = 1, replicas = 2;
-  int64_t sweep_max_bytes = int64_t{64} << 20;
+  int64_t sweep_min_bytes = 4096, sweep_max_bytes = int64_t{64} << 20;
 
   bool cuda() const { return device == "cuda"; }
   bool dp() const { return strategy == "dp-replicate" || strategy == "dp-persistent"; }
@@ -339,14 +342,15 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
   return r;
 }
 
-/// all_reduce of float32 buffers of 4 KiB, 16 KiB, ... up to --sweep-max-bytes; no model. The
-/// record's step times are those of the largest size.
+/// all_reduce of float32 buffers of --sweep-min-bytes, 4x that, ... up to --sweep-max-bytes (both
+/// included when a power of 4 apart: 64 KiB .. 64 MiB is 6 sizes); no model. The record's step
+/// times are those of the largest size.
 Result sweep(const Options& o, const std::shared_ptr<comm::ProcessGroup>& pg, const comm::World& world) {
   Result r;
   r.sweep = Json::array();
   const c10::Device device = o.cuda() ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank))
                                       : c10::Device(c10::kCPU);
-  for (int64_t bytes = 4096; bytes <= o.sweep_max_bytes; bytes *= 4) {
+  for (int64_t bytes = o.sweep_min_bytes; bytes <= o.sweep_max_bytes; bytes *= 4) {
     at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().device(device));
     Loop loop(o);
     loop.run([&] { pg->wait(pg->all_reduce_async(t), "benchmark sweep all_reduce"); });
@@ -433,6 +437,7 @@ int main(int argc, char** argv) {
   app.add_option("--precision", o.precision)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--device", o.device)->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--replicas", o.replicas, "dp-*: replicas (devices)")->check(CLI::Range(1, 4096));
+  app.add_option("--sweep-min-bytes", o.sweep_min_bytes, "sweep: smallest buffer")->check(CLI::Range(int64_t{4}, int64_t{1} << 40));
   app.add_option("--sweep-max-bytes", o.sweep_max_bytes, "sweep: largest buffer")->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
   app.add_option("--out", o.out, "append the record here (default: stdout)");
   try {
@@ -440,6 +445,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     std::fprintf(stderr, "tandem-bench-worker: %s\n", e.what());
+    return 2;
+  }
+  if (o.sweep_min_bytes % 4 != 0 || o.sweep_min_bytes > o.sweep_max_bytes) {
+    std::fprintf(stderr, "tandem-bench-worker: --sweep-min-bytes %lld must be a multiple of 4, at most --sweep-max-bytes %lld\n",
+                 static_cast<long long>(o.sweep_min_bytes), static_cast<long long>(o.sweep_max_bytes));
     return 2;
   }
   try {
@@ -490,6 +500,9 @@ int main(int argc, char** argv) {
         if (!o.cuda()) mem_kind = "replica";
       }
       Json record = record_head(o, world);
+      // The engine of the CPU collectives, as the process group resolved it (the one-process
+      // strategies communicate with nobody: no backend to name).
+      if (!o.cuda() && o.strategy != "single" && !o.dp()) record["backend"] = comm::to_string(pg->cpu_backend());
       record["batch_per_device"] = o.batch;
       record["steps"] = o.steps;
       record["warmup"] = o.warmup;

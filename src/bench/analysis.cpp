@@ -23,13 +23,15 @@ Analysis analyze(const Results& results) {
   a.rows = summarize(results);
   a.recommendations = recommend(a.rows, results.config.models);
   a.scaling = project_run(results);
+  a.backends = compare_backends(results);
   return a;
 }
 
 json to_json(const Analysis& a) {
   json rows = json::array();
   for (const auto& r : a.rows) {
-    rows.push_back({{"model", r.model}, {"impl", r.impl}, {"strategy", r.strategy}, {"world", r.world},
+    rows.push_back({{"model", r.model}, {"impl", r.impl}, {"strategy", r.strategy}, {"backend", r.backend},
+                    {"world", r.world},
                     {"params", r.params}, {"grad_bytes", r.grad_bytes}, {"buckets", r.buckets},
                     {"batch_per_device", r.batch_per_device}, {"samples_per_s", stat_json(r.samples_per_s)},
                     {"samples_per_s_device", stat_json(r.samples_per_s_device)}, {"p50_ms", stat_json(r.p50_ms)},
@@ -42,7 +44,16 @@ json to_json(const Analysis& a) {
   }
   json recs = json::array();
   for (const auto& r : a.recommendations) {
-    recs.push_back({{"model", r.model}, {"strategy", r.strategy}, {"world", r.world}, {"why", r.why}});
+    recs.push_back({{"model", r.model}, {"strategy", r.strategy}, {"backend", r.backend}, {"world", r.world},
+                    {"why", r.why}});
+  }
+  json backends = json::array();
+  for (const auto& c : a.backends) {
+    backends.push_back({{"model", c.model}, {"strategy", c.strategy}, {"world", c.world},
+                        {"gloo_ms", stat_json(c.gloo_ms)}, {"mpi_ms", stat_json(c.mpi_ms)},
+                        {"gloo_over_mpi", stat_json(c.gloo_over_mpi)}, {"peer_strategy", c.peer_strategy},
+                        {"peer_ms", stat_json(c.peer_ms)}, {"peer_over_mpi", stat_json(c.peer_over_mpi)},
+                        {"peer_over_gloo", stat_json(c.peer_over_gloo)}});
   }
   const auto& s = a.scaling;
   json sweep = json::array();
@@ -67,7 +78,8 @@ json to_json(const Analysis& a) {
                      {"sweep_nodes", s.sweep_nodes}, {"sweep", sweep}}},
           {"projections", projections},
           {"validation", validation},
-          {"notes", s.notes}};
+          {"notes", s.notes},
+          {"backend_comparison", backends}};
 }
 
 }  // namespace tandem::bench

@@ -14,12 +14,13 @@ struct Analysis {
   std::vector<Row> rows;
   std::vector<Recommendation> recommendations;
   Scaling scaling;
+  std::vector<BackendComparison> backends;  // "Gloo vs MPI", when a run measured both
 };
 
 Analysis analyze(const Results& results);
 
 /// The derived sections of results.json ("rows", "recommendations", "links", "projections",
-/// "validation", "notes"), for readers that do not want to recompute them.
+/// "validation", "notes", "backend_comparison"), for readers that do not want to recompute them.
 nlohmann::json to_json(const Analysis& analysis);
 
 }  // namespace tandem::bench

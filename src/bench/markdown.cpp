@@ -29,11 +29,87 @@ std::string params_text(int64_t params) {
   return params >= 1000000 ? num(params / 1e6, 2) + " M" : num(params / 1e3, 0) + " k";
 }
 
-std::string label(const Row& r) {
+std::string base_label(const Row& r) {
   if (r.impl == "tandem") return r.strategy == "accelerate" ? "Tandem Accelerator" : "Tandem " + r.strategy;
   if (r.strategy == "accelerate") return "HF accelerate";
   if (r.strategy == "dp") return "torch.nn.DataParallel";
   return "PyTorch " + r.strategy;
+}
+
+// Whether the results name backends: a run that measured MPI (alone or beside Gloo). A Gloo-only
+// run's labels stay as they always were.
+bool names_backends(const Results& results) {
+  return std::any_of(results.runs.begin(), results.runs.end(), [](const Run& r) { return r.backend == "mpi"; }) ||
+         std::find(results.config.backends.begin(), results.config.backends.end(), "mpi") !=
+             results.config.backends.end();
+}
+
+// "Tandem ddp", or "Tandem ddp (mpi)" / "PyTorch ddp (gloo)" when the run compares backends.
+std::string label(const Row& r, bool with_backend) {
+  return with_backend && !r.backend.empty() ? base_label(r) + " (" + r.backend + ")" : base_label(r);
+}
+
+std::string backend_suffix(const std::string& backend) { return backend.empty() ? "" : " on " + backend; }
+
+std::string size_text(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 20) && bytes % (int64_t{1} << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+  if (bytes >= 1024 && bytes % 1024 == 0) return std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
+// The all-reduce sweeps, one column pair per (world, backend): p50 and bus bandwidth.
+void render_sweeps(const Results& results, std::ostringstream& md) {
+  std::vector<const Run*> sweeps;
+  for (const auto& r : results.runs) {
+    if (r.strategy == "sweep" && r.unsupported.empty() && !r.sweep.empty() && r.nodes == 1) sweeps.push_back(&r);
+  }
+  if (sweeps.empty()) return;
+  std::stable_sort(sweeps.begin(), sweeps.end(), [](const Run* a, const Run* b) {
+    return a->world != b->world ? a->world < b->world : a->backend < b->backend;
+  });
+  std::set<int64_t> sizes;
+  for (const Run* r : sweeps) {
+    for (const auto& p : r->sweep) sizes.insert(p.bytes);
+  }
+  md << "\n## All-reduce sweep (float32 sum; p50 ms, bus bandwidth GB/s)\n\n| size |";
+  for (const Run* r : sweeps) {
+    md << " " << r->world << " ranks" << (r->backend.empty() ? "" : ", " + r->backend) << " ms | GB/s |";
+  }
+  md << "\n|---|";
+  for (size_t i = 0; i < sweeps.size(); ++i) md << "---|---|";
+  md << "\n";
+  for (int64_t bytes : sizes) {
+    md << "| " << size_text(bytes) << " |";
+    for (const Run* r : sweeps) {
+      auto it = std::find_if(r->sweep.begin(), r->sweep.end(), [&](const SweepPoint& p) { return p.bytes == bytes; });
+      if (it == r->sweep.end() || it->seconds <= 0) {
+        md << " – | – |";
+        continue;
+      }
+      const double busbw = static_cast<double>(bytes) / it->seconds * 2.0 * (r->world - 1) / r->world / 1e9;
+      md << " " << num(it->seconds * 1e3, 3) << " | " << num(busbw, 2) << " |";
+    }
+    md << "\n";
+  }
+}
+
+// "Gloo vs MPI": Tandem's measurement on both backends and PyTorch's on Gloo, ratios per repeat.
+void render_backends(const Analysis& analysis, std::ostringstream& md) {
+  if (analysis.backends.empty()) return;
+  md << "\n## Gloo vs MPI (Tandem on both CPU backends, PyTorch on Gloo; p50 ms, ratios within each repeat)\n\n"
+        "| model | devices | measurement | Tandem Gloo ms | Tandem MPI ms | Gloo ÷ MPI | PyTorch (Gloo) ms "
+        "| PyTorch ÷ Tandem MPI | PyTorch ÷ Tandem Gloo |\n|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& c : analysis.backends) {
+    const std::string what = c.strategy == "allreduce" ? "gradient all-reduce (DDP's buckets)"
+                             : c.strategy == "accelerate" ? "Accelerator step"
+                                                          : c.strategy + " step";
+    md << "| " << c.model << " | " << c.world << " | " << what << " | " << cell(c.gloo_ms, 1) << " | "
+       << cell(c.mpi_ms, 1) << " | " << cell(c.gloo_over_mpi, 2) << " | "
+       << (c.peer_strategy.empty() ? "–" : cell(c.peer_ms, 1)) << " | " << cell(c.peer_over_mpi, 2) << " | "
+       << cell(c.peer_over_gloo, 2) << " |\n";
+  }
+  md << "\nA ratio above 1 means the second-named side is faster per step. PyTorch's wheel has no MPI "
+        "backend, so its figures are Gloo's.\n";
 }
 
 // The validation's error; a calibration row matches by construction unless the overlap fraction
@@ -76,6 +152,7 @@ std::string torch_version(const Results& results) {
 
 std::string render_markdown(const Results& results, const Analysis& analysis) {
   const auto& c = results.config;
+  const bool backends = names_backends(results);
   std::ostringstream md;
   md << "# tandem bench: " << results.created_utc << "\n\n";
   md << "- Machine: " << describe_machine(results) << "\n";
@@ -86,6 +163,12 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
   md << "- " << c.repeats << " repeats (interleaved), " << c.steps << " timed steps after " << c.warmup
      << " warm-up steps per measurement; figures are medians over repeats (min...max)\n";
   if (!results.command.empty()) md << "- Command: `" << results.command << "`\n";
+  if (backends) {
+    std::string list;
+    for (const auto& b : c.backends) list += (list.empty() ? "" : ", ") + b;
+    md << "- CPU backends of Tandem's multi-process measurements: " << list
+       << " (PyTorch's on Gloo; single and DataParallel run in one process)\n";
+  }
   if (!results.peers_note.empty()) md << "- PyTorch peers: " << results.peers_note << "\n";
   md << "\n## Performance across model sizes\n\n";
   md << "| model | strategy | devices | samples/s | per device | p50 step ms | p95 step ms | scaling eff. "
@@ -100,7 +183,7 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
                                : "";
       first = false;
       std::string peer = r.vs_peer.empty() ? "–" : cell(r.vs_peer, 2) + " vs " + r.peer_strategy;
-      md << "| " << name << " | " << label(r) << " | " << devices(r) << " | " << cell(r.samples_per_s, 0) << " | "
+      md << "| " << name << " | " << label(r, backends) << " | " << devices(r) << " | " << cell(r.samples_per_s, 0) << " | "
          << median(r.samples_per_s_device, 0) << " | " << cell(r.p50_ms, 1) << " | " << median(r.p95_ms, 1) << " | "
          << median(r.scaling_efficiency, 2) << " | " << median(r.mem_primary_MB, 0) << " | "
          << median(r.mem_others_MB, 0) << " | " << median(r.exposed_comm_ms, 1) << " | "
@@ -122,17 +205,19 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
   md << "| model | strategy | devices | step | compute (one device) | exposed comm | other |\n|---|---|---|---|---|---|---|\n";
   for (const auto& r : analysis.rows) {
     if (r.impl != "tandem" || r.strategy == "single") continue;
-    md << "| " << r.model << " | " << label(r) << " | " << devices(r) << " | " << median(r.p50_ms, 1) << " | "
+    md << "| " << r.model << " | " << label(r, backends) << " | " << devices(r) << " | " << median(r.p50_ms, 1) << " | "
        << median(r.compute_ms, 1) << " | " << median(r.exposed_comm_ms, 1) << " | " << median(r.other_ms, 1) << " |\n";
   }
+
+  render_backends(analysis, md);
 
   md << "\n## Recommendation\n\n";
   if (analysis.recommendations.empty()) md << "Nothing to recommend: no model has a one-device baseline.\n";
   for (const auto& rec : analysis.recommendations) {
-    md << "- **" << rec.model << ": " << rec.strategy;
-    if (rec.world > 1) md << " on " << rec.world << " devices";
-    md << "**: " << rec.why << ".\n";
+    md << "- **" << rec.model << ": " << recommendation_title(rec) << "**: " << rec.why << ".\n";
   }
+
+  render_sweeps(results, md);
 
   const auto& s = analysis.scaling;
   if (s.intra || s.inter || !s.notes.empty()) {
@@ -186,13 +271,14 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
     std::set<std::string> said;
     for (const auto& r : results.runs) {
       if (r.unsupported.empty()) continue;
-      const std::string line = "- " + r.impl + " " + r.strategy + " (" + device_count(r.world) + "): " +
-                               r.unsupported;
+      const std::string line = "- " + r.impl + " " + r.strategy + " (" + device_count(r.world) +
+                               (backends ? backend_suffix(r.backend) : "") + "): " + r.unsupported;
       if (said.insert(line).second) md << line << "\n";
     }
     for (const auto& f : results.failures) {
       md << "- FAILED " << f.measurement.impl << " " << f.measurement.model << " " << f.measurement.strategy << " ("
-         << device_count(f.measurement.world) << "), repeat " << f.repeat << ": " << f.reason << "\n";
+         << device_count(f.measurement.world) << (backends ? backend_suffix(f.measurement.backend) : "")
+         << "), repeat " << f.repeat << ": " << f.reason << "\n";
     }
   }
   return md.str();
@@ -206,9 +292,11 @@ std::string render_comparison(const std::string& name_a, const Results& a, const
   md << "- B: " << name_b << " (" << b.created_utc << ", " << describe_machine(b) << ")\n\n";
   md << "| model | strategy | devices | A samples/s | B samples/s | B ÷ A | A p50 ms | B p50 ms |\n"
         "|---|---|---|---|---|---|---|---|\n";
+  const bool backends = names_backends(a) || names_backends(b);
+  auto label = [&](const Row& r) { return bench::label(r, backends); };
   std::vector<std::string> only;
   for (const auto& ra : analysis_a.rows) {
-    const Row* rb = find_row(analysis_b.rows, ra.model, ra.impl, ra.strategy, ra.world, ra.nodes);
+    const Row* rb = find_row(analysis_b.rows, ra.model, ra.impl, ra.strategy, ra.world, ra.nodes, ra.backend);
     if (!rb) {
       only.push_back("only in A: " + ra.model + " " + label(ra) + " (" + device_count(ra) + ")");
       continue;
@@ -220,7 +308,7 @@ std::string render_comparison(const std::string& name_a, const Results& a, const
        << median(ra.p50_ms, 1) << " | " << median(rb->p50_ms, 1) << " |\n";
   }
   for (const auto& rb : analysis_b.rows) {
-    if (!find_row(analysis_a.rows, rb.model, rb.impl, rb.strategy, rb.world, rb.nodes)) {
+    if (!find_row(analysis_a.rows, rb.model, rb.impl, rb.strategy, rb.world, rb.nodes, rb.backend)) {
       only.push_back("only in B: " + rb.model + " " + label(rb) + " (" + device_count(rb) + ")");
     }
   }

@@ -23,11 +23,32 @@ std::string peer_strategy(const std::string& ours) {
 
 }  // namespace
 
+// Note [Backends]
+// `--backends gloo,mpi` compares the engines of CPU collectives (docs/design/mpi.md). Only
+// Tandem's multi-process measurements depend on one, so only they run once per backend (the
+// runner passes `--backend B` to `tandem run`); the one-process ones (single, dp-*) run once and
+// carry no backend, and the PyTorch peers run on Gloo alone, PyTorch's wheel having no MPI. Every
+// ratio to a peer therefore compares a Tandem backend with PyTorch on Gloo. Records written before
+// the flag existed have no backend: their multi-process runs were Gloo's.
+bool multi_process(const std::string& strategy) {
+  return !(strategy == "single" || strategy == "dp" || strategy.rfind("dp-", 0) == 0);
+}
+
+std::string normal_backend(const std::string& strategy, const std::string& backend) {
+  if (!multi_process(strategy)) return "";
+  return backend.empty() ? "gloo" : backend;
+}
+
 std::vector<Measurement> measurements(const BenchConfig& config, bool with_peers) {
   std::vector<Measurement> out;
-  auto add = [&](const std::string& impl, const std::string& model, const std::string& strategy, int world) {
-    Measurement m{impl, model, strategy, world};
+  auto add_one = [&](const std::string& impl, const std::string& model, const std::string& strategy, int world,
+                     const std::string& backend) {
+    Measurement m{impl, model, strategy, world, normal_backend(strategy, backend)};
     if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
+  };
+  auto add = [&](const std::string& impl, const std::string& model, const std::string& strategy, int world) {
+    if (impl != "tandem" || !multi_process(strategy)) return add_one(impl, model, strategy, world, "gloo");
+    for (const auto& backend : config.backends) add_one(impl, model, strategy, world, backend);
   };
   for (const auto& model : config.models) {
     // The one-device baseline, always: scaling efficiency and the step breakdown divide by it.
@@ -62,12 +83,14 @@ std::vector<Planned> plan(const BenchConfig& config, bool with_peers) {
   std::vector<Planned> out;
   // The link sweep runs at the calibration world (the smallest above one, Note [Projection from
   // a run]): the wider worlds are then true predictions, link and all.
-  if (!config.project.empty()) {
+  // --sweep: at every world above one, for the backends' comparison.
+  if (!config.project.empty() || config.sweep) {
     for (int world : config.worlds) {
-      if (world > 1) {
-        out.push_back({{"tandem", config.models.front(), "sweep", world}, -1});
-        break;
+      if (world <= 1) continue;
+      for (const auto& backend : config.backends) {
+        out.push_back({{"tandem", config.models.front(), "sweep", world, backend}, -1});
       }
+      if (!config.sweep) break;
     }
   }
   for (int r = 0; r < config.repeats; ++r) {
@@ -116,6 +139,25 @@ std::vector<int> parse_worlds(const std::string& value) {
   TANDEM_CHECK(!out.empty(), "--nproc is empty (expected world sizes, e.g. 1,2,4)");
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::vector<std::string> parse_backends(const std::string& value, const std::string& device, bool mpi_built) {
+  auto out = parse_list("--backends", value, {"gloo", "mpi"});
+  const bool mpi = std::find(out.begin(), out.end(), "mpi") != out.end();
+  TANDEM_CHECK(!mpi || device == "cpu", "--backends mpi: the backends are those of CPU collectives; with --device ",
+               device, " the collectives run on NCCL (use --backends gloo, the default)");
+  TANDEM_CHECK(!mpi || mpi_built,
+               "--backends mpi: this build of Tandem has no MPI backend (install libopenmpi-dev and rebuild; "
+               "`tandem env` shows the mpi line)");
+  return out;
+}
+
+void check_sweep_sizes(int64_t min_bytes, int64_t max_bytes) {
+  constexpr int64_t kMax = int64_t{4} << 30;
+  TANDEM_CHECK(min_bytes >= 4 && min_bytes % 4 == 0, "--sweep-min-bytes: ", min_bytes,
+               " is not a positive multiple of 4 (float32 elements)");
+  TANDEM_CHECK(max_bytes >= min_bytes && max_bytes <= kMax && max_bytes % 4 == 0, "--sweep-max-bytes: ", max_bytes,
+               " must be a multiple of 4 between --sweep-min-bytes (", min_bytes, ") and ", kMax);
 }
 
 }  // namespace tandem::bench

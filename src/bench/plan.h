@@ -1,8 +1,10 @@
 #pragma once
 // What `tandem bench` measures: the configuration the user asked for, and the plan it becomes —
 // every measurement of every repeat, interleaved (Note [Interleaving] in plan.cpp).
+#include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tandem::bench {
@@ -24,16 +26,33 @@ struct BenchConfig {
   std::string python;                      // the interpreter for the PyTorch peers
   std::vector<std::string> project;        // --project shapes, e.g. "8x1", "8x4"
   std::string link_intra = "measured", link_inter = "ib100";
+  std::vector<std::string> backends{"gloo"};  // --backends: CPU collectives' engines (Note [Backends])
+  bool sweep = false;                      // --sweep: the all-reduce sweep at every world above one
+  int64_t sweep_min_bytes = 4096, sweep_max_bytes = int64_t{64} << 20;  // float32 buffers, x4 apart
 };
+
+/// Whether `strategy` runs as a process group of `world` ranks (and so on a CPU backend): the
+/// single loop and DataParallel run in one process and talk to no backend.
+bool multi_process(const std::string& strategy);
+
+/// "gloo" or "mpi" for a multi-process strategy (old records without one: "gloo"), "" otherwise.
+std::string normal_backend(const std::string& strategy, const std::string& backend);
 
 /// One measurement: a process group running one worker (ours or PyTorch's) once.
 struct Measurement {
+  Measurement() = default;
+  Measurement(std::string impl_, std::string model_, std::string strategy_, int world_, std::string backend_ = "")
+      : impl(std::move(impl_)), model(std::move(model_)), strategy(std::move(strategy_)), world(world_),
+        backend(std::move(backend_)) {}
+
   std::string impl;      // "tandem" | "pytorch"
   std::string model;
   std::string strategy;  // a user strategy, or the supporting "ddp-no-sync", "allreduce", "sweep"
   int world = 1;
+  std::string backend;   // multi-process: "gloo" | "mpi" (PyTorch: always "gloo"); one process: ""
   bool operator==(const Measurement& o) const {
-    return impl == o.impl && model == o.model && strategy == o.strategy && world == o.world;
+    return impl == o.impl && model == o.model && strategy == o.strategy && world == o.world &&
+           backend == o.backend;
   }
 };
 
@@ -41,6 +60,8 @@ struct Measurement {
 /// by); the other strategies at each world above 1; DDP's no-sync twin and the bucketed all-reduce support the exposed-communication and
 /// bus-bandwidth columns; the PyTorch peers mirror ours when `with_peers`. `sweep` (once, not
 /// repeated, at the smallest world above one) is added by plan() when a projection was asked for.
+/// Tandem's multi-process measurements run once per backend of `config.backends`; the PyTorch
+/// peers always on Gloo (the wheel has no MPI); single and DataParallel once, with no backend.
 std::vector<Measurement> measurements(const BenchConfig& config, bool with_peers);
 
 struct Planned {
@@ -48,7 +69,9 @@ struct Planned {
   int repeat = 0;  // -1: outside the repeats (the link sweep)
 };
 
-/// Every repeat runs every measurement once, odd repeats in reverse order.
+/// Every repeat runs every measurement once, odd repeats in reverse order. The sweeps (repeat -1)
+/// come first: one per backend, at the smallest world above one for --project, at every world
+/// above one for --sweep.
 std::vector<Planned> plan(const BenchConfig& config, bool with_peers);
 
 /// The comma-separated flag values, checked: "small,large" -> {"small","large"}. Throws
@@ -56,5 +79,10 @@ std::vector<Planned> plan(const BenchConfig& config, bool with_peers);
 std::vector<std::string> parse_list(const std::string& flag, const std::string& value,
                                     const std::vector<std::string>& allowed);
 std::vector<int> parse_worlds(const std::string& value);
+/// --backends: gloo and/or mpi, checked against the device (CPU only: CUDA tensors go through
+/// NCCL) and this build (`mpi_built`: TANDEM_BUILT_WITH_MPI). Throws tandem::Error saying why.
+std::vector<std::string> parse_backends(const std::string& value, const std::string& device, bool mpi_built);
+/// --sweep-min-bytes / --sweep-max-bytes: multiples of 4 (float32), min <= max <= 4 GiB.
+void check_sweep_sizes(int64_t min_bytes, int64_t max_bytes);
 
 }  // namespace tandem::bench

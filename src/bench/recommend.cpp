@@ -1,5 +1,6 @@
 #include "bench/recommend.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace tandem::bench {
@@ -33,6 +34,18 @@ double busiest_MB(const Row& r) {
 }
 
 }  // namespace
+
+std::string strategy_name(const Row& row, const std::vector<Row>& rows) {
+  if (row.backend.empty()) return row.strategy;
+  const bool named = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.backend == "mpi"; });
+  return named ? row.strategy + " (" + row.backend + ")" : row.strategy;
+}
+
+std::string recommendation_title(const Recommendation& rec) {
+  std::string title = rec.strategy + (rec.backend.empty() ? "" : " (" + rec.backend + ")");
+  if (rec.world > 1) title += " on " + std::to_string(rec.world) + " devices";
+  return title;
+}
 
 std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::vector<std::string>& models) {
   std::vector<Recommendation> out;
@@ -75,7 +88,7 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
       rec.world = 1;
       why = "one device: " + fmt("%.0f", base) + " samples/s";
       if (best) {
-        why += "; the best of " + std::to_string(widest) + " devices, " + best->strategy + ", reaches only " +
+        why += "; the best of " + std::to_string(widest) + " devices, " + strategy_name(*best, rows) + ", reaches only " +
                fmt("%.0f", best->samples_per_s.median) + " samples/s (" +
                fmt("%.2f", best->samples_per_s.median / base) + "x, scaling efficiency " +
                fmt("%.2f", best->scaling_efficiency.median) + ")";
@@ -87,6 +100,7 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
     } else {
       rec.strategy = best->strategy;
       rec.world = best->world;
+      if (strategy_name(*best, rows) != best->strategy) rec.backend = best->backend;
       why = fmt("%.0f", best->samples_per_s.median) + " samples/s, " + fmt("%.2f", best->samples_per_s.median / base) +
             "x one device (scaling efficiency " + fmt("%.2f", best->scaling_efficiency.median) + ")";
       if (!best->exposed_comm_ms.empty()) {
@@ -95,7 +109,7 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
       why += ", busiest device " + fmt("%.0f", busiest_MB(*best)) + " MiB";
       for (const Row* c : candidates) {
         if (c == best) continue;
-        why += "; " + c->strategy + " " + fmt("%.2f", c->samples_per_s.median / best->samples_per_s.median) + "x";
+        why += "; " + strategy_name(*c, rows) + " " + fmt("%.2f", c->samples_per_s.median / best->samples_per_s.median) + "x";
         if (!c->mem_primary_MB.empty() && !c->mem_others_MB.empty() &&
             c->mem_primary_MB.median > c->mem_others_MB.median * 1.1) {
           why += " with its primary at " + fmt("%.0f", c->mem_primary_MB.median) + " MiB against " +

@@ -36,12 +36,15 @@ T field_or(const json& object, const char* key, T fallback, const std::string& w
 }
 
 json measurement_json(const Measurement& m) {
-  return {{"impl", m.impl}, {"model", m.model}, {"strategy", m.strategy}, {"world", m.world}};
+  json j{{"impl", m.impl}, {"model", m.model}, {"strategy", m.strategy}, {"world", m.world}};
+  if (!m.backend.empty()) j["backend"] = m.backend;
+  return j;
 }
 
 Measurement measurement_from(const json& j, const std::string& where) {
-  return {field<std::string>(j, "impl", where), field<std::string>(j, "model", where),
-          field<std::string>(j, "strategy", where), field<int>(j, "world", where)};
+  const auto strategy = field<std::string>(j, "strategy", where);
+  return {field<std::string>(j, "impl", where), field<std::string>(j, "model", where), strategy,
+          field<int>(j, "world", where), normal_backend(strategy, field_or<std::string>(j, "backend", "", where))};
 }
 
 std::string first_line_of(const std::string& path, const std::string& prefix) {
@@ -69,6 +72,10 @@ Run run_from_record(const json& record) {
   r.impl = field<std::string>(record, "impl", where);
   r.model = field<std::string>(record, "model", where);
   r.strategy = field<std::string>(record, "strategy", where);
+  r.backend = field_or<std::string>(record, "backend", "", where);
+  TANDEM_CHECK(r.backend.empty() || r.backend == "gloo" || r.backend == "mpi", where, ": unknown backend \"",
+               r.backend, "\" (expected gloo or mpi)");
+  r.backend = normal_backend(r.strategy, r.backend);
   r.scale = field_or<std::string>(record, "scale", "", where);
   r.device = field_or<std::string>(record, "device", "cpu", where);
   r.precision = field_or<std::string>(record, "precision", "fp32", where);
@@ -105,6 +112,7 @@ json to_json(const Run& r) {
   json j{{"record", kRunRecord}, {"impl", r.impl}, {"model", r.model}, {"scale", r.scale}, {"strategy", r.strategy},
          {"device", r.device}, {"precision", r.precision}, {"world", r.world}, {"nodes", r.nodes},
          {"repeat", r.repeat}, {"versions", r.versions}};
+  if (!r.backend.empty()) j["backend"] = r.backend;
   if (!r.unsupported.empty()) {
     j["unsupported"] = r.unsupported;
     return j;
@@ -131,7 +139,8 @@ json to_json(const Results& results) {
               {"batch_sizes", c.batch_sizes}, {"steps", c.steps}, {"warmup", c.warmup},
               {"repeats", c.repeats}, {"threads", c.threads}, {"peers", c.peers},
               {"python", c.python},   {"project", c.project},     {"link_intra", c.link_intra},
-              {"link_inter", c.link_inter}};
+              {"link_inter", c.link_inter}, {"backends", c.backends}, {"sweep", c.sweep},
+              {"sweep_min_bytes", c.sweep_min_bytes}, {"sweep_max_bytes", c.sweep_max_bytes}};
   json doc{{"schema", kResultsSchema}, {"tandem_version", results.tandem_version},
            {"created_utc", results.created_utc}, {"command", results.command},
            {"machine", results.machine}, {"config", config}, {"runs", json::array()},
@@ -176,6 +185,10 @@ Results results_from_json(const json& doc, const std::string& source) {
   c.project = field_or<std::vector<std::string>>(config, "project", {}, where);
   c.link_intra = field_or<std::string>(config, "link_intra", c.link_intra, where);
   c.link_inter = field_or<std::string>(config, "link_inter", c.link_inter, where);
+  c.backends = field_or<std::vector<std::string>>(config, "backends", {"gloo"}, where);  // older files: Gloo only
+  c.sweep = field_or<bool>(config, "sweep", false, where);
+  c.sweep_min_bytes = field_or<int64_t>(config, "sweep_min_bytes", c.sweep_min_bytes, where);
+  c.sweep_max_bytes = field_or<int64_t>(config, "sweep_max_bytes", c.sweep_max_bytes, where);
   const auto runs = field<json>(doc, "runs", source);
   TANDEM_CHECK(runs.is_array(), source, ": \"runs\" is not an array");
   for (size_t i = 0; i < runs.size(); ++i) {

@@ -22,6 +22,7 @@ constexpr const char* kRunRecord = "tandem-bench-run/1";
 /// One measurement's record (one worker process group, one repeat).
 struct Run {
   std::string impl, model, scale, strategy, device, precision;
+  std::string backend;            // multi-process: "gloo" | "mpi" (absent in old records: gloo); else ""
   int world = 1;
   int nodes = 1;
   int repeat = 0;                 // -1: outside the repeats (the link sweep)
@@ -36,7 +37,7 @@ struct Run {
   std::string unsupported;        // set: this combination does not exist; no timings
   nlohmann::json versions = nlohmann::json::object();
 
-  Measurement measurement() const { return {impl, model, strategy, world}; }
+  Measurement measurement() const { return {impl, model, strategy, world, backend}; }
 };
 
 /// Parses a worker's record; throws tandem::Error naming the missing or mistyped field.

@@ -86,6 +86,8 @@ std::string probe_peers(const Tools& tools, bool need_accelerate, std::string& v
   return "";
 }
 
+bool mpi_backend_built() { return TANDEM_BUILT_WITH_MPI != 0; }
+
 std::vector<std::string> worker_arguments(const BenchConfig& config, const Measurement& m,
                                           const std::string& record_path) {
   const bool data_parallel = m.strategy.rfind("dp", 0) == 0;
@@ -98,6 +100,8 @@ std::vector<std::string> worker_arguments(const BenchConfig& config, const Measu
   if (m.strategy == "sweep") {  // the link fit needs clean points: at least 20 timed all-reduces per size
     args[9] = std::to_string(std::max(config.steps, 20));
     args[11] = std::to_string(std::max(config.warmup, 3));
+    args.insert(args.end(), {"--sweep-min-bytes", std::to_string(config.sweep_min_bytes), "--sweep-max-bytes",
+                             std::to_string(config.sweep_max_bytes)});
   }
   if (data_parallel) {
     args.push_back("--replicas");
@@ -110,8 +114,14 @@ Outcome run_measurement(const Tools& tools, const BenchConfig& config, const Pla
                         const std::string& log_path, const std::string& record_path, double timeout_s) {
   const Measurement& m = planned.measurement;
   const bool data_parallel = m.strategy.rfind("dp", 0) == 0;  // one process, `world` replicas
-  std::vector<std::string> argv{tools.tandem, "run", "--nproc-per-node", std::to_string(data_parallel ? 1 : m.world),
-                                "--"};
+  std::vector<std::string> argv{tools.tandem, "run", "--nproc-per-node", std::to_string(data_parallel ? 1 : m.world)};
+  // Note [Backends] in plan.cpp: `--backend mpi` starts the ranks through mpirun. A one-process
+  // measurement talks to no other rank; it gets Gloo whatever TANDEM_CPU_BACKEND the caller has.
+  if (!m.backend.empty()) {
+    argv.push_back("--backend");
+    argv.push_back(m.backend);
+  }
+  argv.push_back("--");
   if (m.impl == "tandem") {
     argv.push_back(tools.worker);
   } else {
@@ -128,7 +138,9 @@ Outcome run_measurement(const Tools& tools, const BenchConfig& config, const Pla
   const auto start = Clock::now();
   pid_t pid = -1;
   try {
-    pid = spawn_logged(argv, log_path, {"OMP_NUM_THREADS=" + std::to_string(config.threads)});
+    std::vector<std::string> env{"OMP_NUM_THREADS=" + std::to_string(config.threads)};
+    if (m.backend.empty()) env.push_back("TANDEM_CPU_BACKEND=gloo");
+    pid = spawn_logged(argv, log_path, env);
   } catch (const Error& e) {  // e.g. the log cannot be created: this measurement fails, the report is still written
     outcome.failure = e.what();
     return outcome;
@@ -155,8 +167,18 @@ Outcome run_measurement(const Tools& tools, const BenchConfig& config, const Pla
     return outcome;
   }
   try {
-    Run run = run_from_record(nlohmann::json::parse(line));
+    const auto record = nlohmann::json::parse(line);
+    Run run = run_from_record(record);
     run.repeat = planned.repeat;
+    // The worker names the backend its collectives really ran on: a mismatch is a failure, never
+    // a row under the wrong name.
+    const std::string said = record.is_object() ? record.value("backend", std::string()) : std::string();
+    if (!said.empty() && !m.backend.empty() && said != m.backend) {
+      outcome.failure = "asked for backend " + m.backend + ", but the worker's collectives ran on " + said +
+                        "; log: " + log_path;
+      return outcome;
+    }
+    run.backend = normal_backend(run.strategy, m.backend);
     outcome.run = std::move(run);
   } catch (const std::exception& e) {
     outcome.failure = std::string("unreadable record (") + e.what() + "); log: " + log_path;

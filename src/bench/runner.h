@@ -39,6 +39,10 @@ struct Outcome {
 Outcome run_measurement(const Tools& tools, const BenchConfig& config, const Planned& planned,
                         const std::string& log_path, const std::string& record_path, double timeout_s);
 
+/// Whether this build has the MPI backend (TANDEM_BUILT_WITH_MPI, from the configure step: the
+/// bench links no LibTorch, so it cannot ask libtandem).
+bool mpi_backend_built();
+
 /// The worker's flags for one measurement (both workers take the same ones).
 std::vector<std::string> worker_arguments(const BenchConfig& config, const Measurement& m,
                                           const std::string& record_path);

@@ -33,12 +33,19 @@ struct Median {
   }
 };
 
+// The projection's CPU backend: the first of --backends (Gloo unless only MPI ran). Runs on
+// another backend are left out, so that one model is fitted to one engine.
+std::string projection_backend(const Results& results) {
+  return results.config.backends.empty() ? "gloo" : results.config.backends.front();
+}
+
 std::vector<const Run*> select(const Results& results, const std::string& model, const std::string& impl,
                                const std::string& strategy, int world, int nodes) {
   std::vector<const Run*> out;
+  const std::string backend = normal_backend(strategy, projection_backend(results));
   for (const auto& r : results.runs) {
     if (r.model == model && r.impl == impl && r.strategy == strategy && r.world == world && r.nodes == nodes &&
-        r.unsupported.empty()) {
+        normal_backend(r.strategy, r.backend) == backend && r.unsupported.empty()) {
       out.push_back(&r);
     }
   }
@@ -108,7 +115,8 @@ void project_model(const Results& results, const std::string& model, const std::
   const auto singles = select(results, model, "tandem", "single", 1, 1);
   if (!singles.empty()) measured[{1, 1}] = median_of(singles, &Run::p50_s);
   for (const auto& r : results.runs) {
-    if (r.model == model && r.impl == "tandem" && r.strategy == "ddp" && r.unsupported.empty()) {
+    if (r.model == model && r.impl == "tandem" && r.strategy == "ddp" && r.unsupported.empty() &&
+        normal_backend(r.strategy, r.backend) == normal_backend("ddp", projection_backend(results))) {
       measured[{r.world, r.nodes}] = median_of(select(results, model, "tandem", "ddp", r.world, r.nodes), &Run::p50_s);
     }
   }
@@ -154,8 +162,18 @@ Scaling project_run(const Results& results) {
   // One node's sweep fits the intra-node link, a sweep across nodes the inter-node one.
   const Run* sweep = nullptr;
   const Run* sweep_across = nullptr;
+  // Several sweeps (--sweep: every world, every backend): the projection's backend, and on one
+  // node the smallest world, the one DDP is calibrated at (Note [Projection from a run]).
   for (const auto& r : results.runs) {
-    if (r.strategy == "sweep" && r.unsupported.empty() && !r.sweep.empty()) (r.nodes > 1 ? sweep_across : sweep) = &r;
+    if (r.strategy != "sweep" || !r.unsupported.empty() || r.sweep.empty() ||
+        normal_backend(r.strategy, r.backend) != normal_backend("sweep", projection_backend(results))) {
+      continue;
+    }
+    if (r.nodes > 1) {
+      sweep_across = &r;
+    } else if (!sweep || r.world < sweep->world) {
+      sweep = &r;
+    }
   }
   const bool any_multinode = std::any_of(results.runs.begin(), results.runs.end(), [](const Run& r) { return r.nodes > 1; });
   if (results.config.project.empty() && !sweep && !sweep_across) return out;

@@ -29,12 +29,14 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 using ByRepeat = std::map<int, const Run*>;
 
+// `backend` "" means the strategy's default: Gloo for a multi-process one, none otherwise.
 ByRepeat runs_of(const Results& results, const std::string& model, const std::string& impl,
-                 const std::string& strategy, int world, int nodes = 1) {
+                 const std::string& strategy, int world, int nodes = 1, const std::string& backend = "") {
   ByRepeat out;
+  const std::string wanted = normal_backend(strategy, backend);
   for (const auto& r : results.runs) {
     if (r.model == model && r.impl == impl && r.strategy == strategy && r.world == world && r.nodes == nodes &&
-        r.repeat >= 0 && r.unsupported.empty()) {
+        normal_backend(r.strategy, r.backend) == wanted && r.repeat >= 0 && r.unsupported.empty()) {
       out[r.repeat] = &r;
     }
   }
@@ -61,6 +63,15 @@ std::optional<double> at(const ByRepeat& runs, int repeat, const std::function<d
 std::string peer_of(const std::string& strategy) {
   if (strategy == "dp-replicate" || strategy == "dp-persistent") return "dp";
   return strategy;
+}
+
+// The backends to look for: the configuration's order, then any other a record names.
+std::vector<std::string> backends_of(const Results& results) {
+  std::vector<std::string> out = results.config.backends;
+  for (const std::string b : {"gloo", "mpi"}) {
+    if (std::find(out.begin(), out.end(), b) == out.end()) out.push_back(b);
+  }
+  return out;
 }
 
 }  // namespace
@@ -96,15 +107,20 @@ std::vector<Row> summarize(const Results& results) {
     for (const std::string impl : {"tandem", "pytorch"}) {
       const auto single = runs_of(results, model, impl, "single", 1);
       for (const auto& strategy : strategies) {
-        for (const auto& shape : shapes) {
+        // Note [Backends] in plan.cpp: a multi-process strategy has a row per backend measured.
+        const auto row_backends = multi_process(strategy) ? backends_of(results) : std::vector<std::string>{""};
+        for (size_t each = 0; each < shapes.size() * row_backends.size(); ++each) {
+          const auto& shape = shapes[each / row_backends.size()];
+          const std::string& backend = row_backends[each % row_backends.size()];
           const int world = shape.first, nodes = shape.second;
-          const auto runs = runs_of(results, model, impl, strategy, world, nodes);
+          const auto runs = runs_of(results, model, impl, strategy, world, nodes, backend);
           if (runs.empty()) continue;
           const Run& first = *runs.begin()->second;
           Row row;
           row.model = model;
           row.impl = impl;
           row.strategy = strategy;
+          row.backend = backend;
           row.world = world;
           row.nodes = nodes;
           row.params = first.params;
@@ -123,9 +139,9 @@ std::vector<Row> summarize(const Results& results) {
           });
           const bool over_ddp = strategy == "ddp" || strategy == "accelerate";
           // No no_sync run across nodes? The no_sync step does not communicate: one node's serves.
-          const auto synced = over_ddp ? runs_of(results, model, impl, "ddp", world, nodes) : ByRepeat{};
-          auto no_sync = over_ddp ? runs_of(results, model, impl, "ddp-no-sync", world, nodes) : ByRepeat{};
-          if (over_ddp && no_sync.empty()) no_sync = runs_of(results, model, impl, "ddp-no-sync", world, 1);
+          const auto synced = over_ddp ? runs_of(results, model, impl, "ddp", world, nodes, backend) : ByRepeat{};
+          auto no_sync = over_ddp ? runs_of(results, model, impl, "ddp-no-sync", world, nodes, backend) : ByRepeat{};
+          if (over_ddp && no_sync.empty()) no_sync = runs_of(results, model, impl, "ddp-no-sync", world, 1, backend);
           auto exposed_s = [&](int k) -> std::optional<double> {
             if (!over_ddp) return 0.0;
             auto s = at(synced, k, [](const Run& r) { return r.p50_s; });
@@ -138,7 +154,7 @@ std::vector<Row> summarize(const Results& results) {
               auto e = exposed_s(k);
               return e ? std::optional<double>(*e * 1e3) : std::nullopt;
             });
-            const auto allreduce = runs_of(results, model, "tandem", "allreduce", world, nodes);
+            const auto allreduce = runs_of(results, model, "tandem", "allreduce", world, nodes, backend);
             if (impl == "tandem") {
               row.sync_busbw_GBps = over_repeats(allreduce, [](int, const Run& r) -> std::optional<double> {
                 if (r.allreduce_p50_s <= 0) return std::nullopt;
@@ -183,13 +199,58 @@ std::vector<Row> summarize(const Results& results) {
 }
 
 const Row* find_row(const std::vector<Row>& rows, const std::string& model, const std::string& impl,
-                    const std::string& strategy, int world, int nodes) {
+                    const std::string& strategy, int world, int nodes, const std::string& backend) {
+  const std::string wanted = normal_backend(strategy, backend);
   for (const auto& r : rows) {
-    if (r.model == model && r.impl == impl && r.strategy == strategy && r.world == world && r.nodes == nodes) {
+    if (r.model == model && r.impl == impl && r.strategy == strategy && r.world == world && r.nodes == nodes &&
+        normal_backend(r.strategy, r.backend) == wanted) {
       return &r;
     }
   }
   return nullptr;
+}
+
+std::vector<BackendComparison> compare_backends(const Results& results) {
+  std::vector<BackendComparison> out;
+  auto ratio = [](const ByRepeat& num, const ByRepeat& den, double Run::*field) {
+    return over_repeats(num, [&](int k, const Run& n) -> std::optional<double> {
+      auto d = at(den, k, [&](const Run& r) { return r.*field; });
+      if (!d || *d <= 0) return std::nullopt;
+      return n.*field / *d;
+    });
+  };
+  auto ms = [](const ByRepeat& runs, double Run::*field) {
+    return over_repeats(runs, [&](int, const Run& r) { return r.*field * 1e3; });
+  };
+  for (const auto& model : results.config.models) {
+    for (int world : results.config.worlds) {
+      if (world < 2) continue;
+      for (const std::string strategy : {"ddp", "accelerate", "allreduce"}) {
+        const auto gloo = runs_of(results, model, "tandem", strategy, world, 1, "gloo");
+        const auto mpi = runs_of(results, model, "tandem", strategy, world, 1, "mpi");
+        if (gloo.empty() || mpi.empty()) continue;
+        const auto field = strategy == "allreduce" ? &Run::allreduce_p50_s : &Run::p50_s;
+        BackendComparison c;
+        c.model = model;
+        c.strategy = strategy;
+        c.world = world;
+        c.gloo_ms = ms(gloo, field);
+        c.mpi_ms = ms(mpi, field);
+        c.gloo_over_mpi = ratio(gloo, mpi, field);
+        if (strategy != "allreduce") {
+          const auto peer = runs_of(results, model, "pytorch", peer_of(strategy), world, 1, "gloo");
+          if (!peer.empty()) {
+            c.peer_strategy = peer_of(strategy);
+            c.peer_ms = ms(peer, &Run::p50_s);
+            c.peer_over_mpi = ratio(peer, mpi, &Run::p50_s);
+            c.peer_over_gloo = ratio(peer, gloo, &Run::p50_s);
+          }
+        }
+        out.push_back(std::move(c));
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace tandem::bench

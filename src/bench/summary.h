@@ -23,6 +23,7 @@ Stat stat_of(std::vector<double> values);
 
 struct Row {
   std::string model, impl, strategy;
+  std::string backend;       // multi-process: "gloo" | "mpi" (PyTorch: gloo); one process: ""
   int world = 1;
   int nodes = 1;             // the world spread over this many nodes (netns or real hosts)
   int64_t params = 0, grad_bytes = 0, batch_per_device = 0;
@@ -45,8 +46,24 @@ struct Row {
 /// before PyTorch's, in the configuration's model and strategy order.
 std::vector<Row> summarize(const Results& results);
 
-/// The row of `impl` `strategy` at `world` on `nodes` for `model`, if measured.
+/// The row of `impl` `strategy` at `world` on `nodes` for `model` on `backend` (""; Gloo for a
+/// multi-process strategy), if measured.
 const Row* find_row(const std::vector<Row>& rows, const std::string& model, const std::string& impl,
-                    const std::string& strategy, int world, int nodes = 1);
+                    const std::string& strategy, int world, int nodes = 1, const std::string& backend = "");
+
+/// One line of the "Gloo vs MPI" table: the same Tandem measurement on both CPU backends, and
+/// PyTorch's counterpart on Gloo, each ratio taken within a repeat (Note [Backends] in plan.cpp).
+struct BackendComparison {
+  std::string model, strategy;  // ddp, accelerate, or allreduce (the gradient's all-reduce alone)
+  int world = 2;
+  Stat gloo_ms, mpi_ms;         // Tandem's step p50 (allreduce: the bucketed all-reduce's p50)
+  Stat gloo_over_mpi;           // Gloo's time / MPI's: > 1 when MPI is faster
+  std::string peer_strategy;    // PyTorch's counterpart ("" for allreduce)
+  Stat peer_ms;                 // its step p50, on Gloo
+  Stat peer_over_mpi, peer_over_gloo;  // PyTorch's time / Tandem's: Tandem's speed-up per step
+};
+
+/// Every (model, world, strategy) Tandem measured on both Gloo and MPI, in the table's order.
+std::vector<BackendComparison> compare_backends(const Results& results);
 
 }  // namespace tandem::bench

@@ -19,6 +19,7 @@
 #include "bench/runner.h"
 #include "cli/commands.h"
 #include "launch/gpu_count.h"
+#include "launch/launch_options.h"
 #include "tandem/error.h"
 #include "tandem/version.h"
 
@@ -33,6 +34,7 @@ struct Flags {
   std::string scale;  // default: cpu on CPU, full on CUDA
   int batch_size = 0;  // 0: each model's default
   std::string project;
+  std::string backends = "gloo";
   std::string out = "results/bench";
   double timeout_s = 600;
   std::vector<std::string> argv;
@@ -45,10 +47,15 @@ std::string utc_now() {
   return buf;
 }
 
-std::string describe(const bench::Measurement& m) {
-  char buf[128];
+std::string describe(const bench::Measurement& m, bool with_backend) {
+  char buf[160];
   std::snprintf(buf, sizeof(buf), "%-7s %-7s %-13s x%d", m.model.c_str(), m.impl.c_str(), m.strategy.c_str(), m.world);
-  return buf;
+  std::string out = buf;
+  if (with_backend) {
+    std::snprintf(buf, sizeof(buf), " %-4s", m.backend.empty() ? "-" : m.backend.c_str());
+    out += buf;
+  }
+  return out;
 }
 
 std::string minutes(double seconds) {
@@ -61,6 +68,15 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
   config.models = bench::parse_list("--models", flags.models, {"small", "medium", "large"});
   config.strategies = bench::parse_list("--strategies", flags.strategies, bench::user_strategies());
   config.worlds = bench::parse_worlds(flags.nproc);
+  config.backends = bench::parse_backends(flags.backends, config.device, bench::mpi_backend_built());
+  bench::check_sweep_sizes(config.sweep_min_bytes, config.sweep_max_bytes);
+  if (std::find(config.backends.begin(), config.backends.end(), "mpi") != config.backends.end()) {
+    try {
+      launch::find_program("mpirun");  // `tandem run --backend mpi` needs it: fail now, not per measurement
+    } catch (const Error&) {
+      throw Error("--backends mpi needs Open MPI's mpirun on PATH (Debian: openmpi-bin)");
+    }
+  }
   config.scale = flags.scale.empty() ? (config.device == "cuda" ? "full" : "cpu") : flags.scale;
   if (flags.batch_size > 0) {
     for (auto& [model, batch] : config.batch_sizes) batch = flags.batch_size;
@@ -135,9 +151,10 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
   bool interrupted = false;
   for (size_t i = 0; i < planned.size(); ++i) {
     const auto& p = planned[i];
-    char stem[160];
-    std::snprintf(stem, sizeof(stem), "%03zu-%s-%s-%s-w%d", i + 1, p.measurement.impl.c_str(),
-                  p.measurement.model.c_str(), p.measurement.strategy.c_str(), p.measurement.world);
+    char stem[192];
+    std::snprintf(stem, sizeof(stem), "%03zu-%s-%s-%s-w%d%s%s", i + 1, p.measurement.impl.c_str(),
+                  p.measurement.model.c_str(), p.measurement.strategy.c_str(), p.measurement.world,
+                  p.measurement.backend.empty() ? "" : "-", p.measurement.backend.c_str());
     auto outcome = bench::run_measurement(tools, config, p, flags.out + "/logs/" + stem + ".log",
                                           flags.out + "/logs/" + stem + ".json", flags.timeout_s);
     if (outcome.interrupted) {
@@ -177,7 +194,8 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
     bench::save_measurements(flags.out, results);
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double eta = elapsed / static_cast<double>(i + 1) * static_cast<double>(planned.size() - i - 1);
-    std::printf("[%zu/%zu] %s %s: %s  (eta %s)\n", i + 1, planned.size(), describe(p.measurement).c_str(),
+    std::printf("[%zu/%zu] %s %s: %s  (eta %s)\n", i + 1, planned.size(),
+                describe(p.measurement, config.backends.size() > 1 || config.backends.front() != "gloo").c_str(),
                 p.repeat < 0 ? "link sweep" : ("repeat " + std::to_string(p.repeat + 1)).c_str(), what.c_str(),
                 minutes(eta).c_str());
     std::fflush(stdout);
@@ -186,8 +204,7 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
   auto written = bench::write_report(flags.out, results);
   std::printf("\n");
   for (const auto& rec : written.analysis.recommendations) {
-    std::printf("recommendation for %s: %s%s\n", rec.model.c_str(), rec.strategy.c_str(),
-                rec.world > 1 ? (" on " + std::to_string(rec.world) + " devices").c_str() : "");
+    std::printf("recommendation for %s: %s\n", rec.model.c_str(), bench::recommendation_title(rec).c_str());
   }
   std::printf("tandem bench: wrote");
   for (const auto& f : written.files) std::printf(" %s", f.c_str());
@@ -239,6 +256,13 @@ Command add_bench_command(CLI::App& app, int argc, char** argv) {
   sub->add_option("--link-intra", config->link_intra, "Intra-node link: measured, nvlink, ib100, ... or ALPHA_US:BUSBW_GBPS")
       ->capture_default_str();
   sub->add_option("--link-inter", config->link_inter, "Inter-node link, as --link-intra")->capture_default_str();
+  sub->add_option("--backends", flags->backends,
+                  "CPU collectives of Tandem's multi-process runs: gloo, mpi or gloo,mpi (PyTorch's always Gloo)")
+      ->capture_default_str();
+  sub->add_flag("--sweep", config->sweep, "Add an all-reduce sweep at every world above one, on every backend");
+  sub->add_option("--sweep-min-bytes", config->sweep_min_bytes, "Smallest all-reduce of the sweep (x4 up to the largest)")
+      ->capture_default_str();
+  sub->add_option("--sweep-max-bytes", config->sweep_max_bytes, "Largest all-reduce of the sweep")->capture_default_str();
   sub->add_option("--out", flags->out, "Folder for results.json, results.md, the plots and the logs")
       ->capture_default_str();
   sub->add_option("--timeout", flags->timeout_s, "Seconds before a measurement is stopped and reported")

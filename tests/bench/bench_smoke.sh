@@ -59,4 +59,23 @@ cmp "$out/first.md" "$out/rerendered.md" || { echo "FAIL: tandem report printed 
 rows=$(grep -cE "^\| (small|medium|large) \| .* \| 1\.00 \|" "$out/compare.md" || true)
 others=$(grep -E "^\| (small|medium|large) \| " "$out/compare.md" | grep -vcE "\| 1\.00 \|" || true)
 [[ $rows -gt 0 && $others -eq 0 ]] || { cat "$out/compare.md"; echo "FAIL: self-comparison is not 1.00 on every row"; exit 1; }
+
+# --backends gloo,mpi (where this build has MPI and mpirun is on PATH): DDP on both, the sweep on
+# both, the "Gloo vs MPI" table. Small: 9 measurements of the tiny MLP, no peers.
+if command -v mpirun > /dev/null; then
+  if "$tandem" bench --models small --strategies ddp --nproc 2 --scale tiny --steps 2 --warmup 1 --repeats 1 \
+       --peers off --backends gloo,mpi --sweep --sweep-min-bytes 65536 --sweep-max-bytes 262144 \
+       --out "$out/mpi" > "$out/mpi.log" 2>&1; then
+    md="$out/mpi/results.md"
+    for row in '\| Tandem ddp \(gloo\) \| 2 \| [0-9]' '\| Tandem ddp \(mpi\) \| 2 \| [0-9]' \
+               '\| small \| 2 \| ddp step \| [0-9]' "\\| small \\| 2 \\| gradient all-reduce \\(DDP's buckets\\) \\| [0-9]" \
+               '\| 64 KiB \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|' '\| 256 KiB \| [0-9.]+ \|'; do
+      grep -qE "$row" "$md" || { cat "$md"; echo "FAIL: --backends gloo,mpi: no row matching $row"; exit 1; }
+    done
+  elif grep -q "has no MPI backend" "$out/mpi.log"; then
+    echo "bench_smoke: --backends mpi skipped: this build has no MPI backend"
+  else
+    cat "$out/mpi.log"; echo "FAIL: tandem bench --backends gloo,mpi"; exit 1
+  fi
+fi
 echo "bench_smoke: ok ($(grep -cE '^\| [^|]* \| (Tandem|PyTorch|HF)' "$out/run/results.md") rows)"

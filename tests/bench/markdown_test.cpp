@@ -32,6 +32,74 @@ TEST(Markdown, EveryRowWithItsFigures) {
   EXPECT_FALSE(has(md, "## Projection")) << "no sweep and no --project: no projection section";
 }
 
+// The fixture plus Tandem's multi-process runs on MPI: ddp 100 ms, no-sync 110 ms, accelerate
+// 104 ms, the gradient all-reduce 2 ms (repeat 1: x 1.25, as the fixture), and a sweep of two
+// sizes on each backend at 2 ranks.
+Results with_mpi() {
+  auto results = test::fixture();
+  results.config.backends = {"gloo", "mpi"};
+  const auto gloo = results.runs;
+  for (auto r : gloo) {
+    if (r.impl != "tandem" || r.backend != "gloo") continue;
+    const double slow = r.repeat == 1 ? 1.25 : 1.0;
+    if (r.strategy == "ddp") r.p50_s = 0.100 * slow;
+    if (r.strategy == "accelerate") r.p50_s = 0.104 * slow;
+    if (r.strategy == "allreduce") r.allreduce_p50_s = 0.002 * slow;
+    r.backend = "mpi";
+    results.runs.push_back(r);
+  }
+  for (const char* backend : {"gloo", "mpi"}) {
+    Run sweep;
+    sweep.impl = "tandem";
+    sweep.model = "small";
+    sweep.strategy = "sweep";
+    sweep.backend = backend;
+    sweep.world = 2;
+    sweep.repeat = -1;
+    const double scale = std::string(backend) == "mpi" ? 0.5 : 1.0;
+    sweep.sweep = {{65536, 0.001 * scale}, {int64_t{64} << 20, 0.100 * scale}};
+    sweep.p50_s = sweep.p95_s = 0.1;
+    results.runs.push_back(sweep);
+  }
+  return results;
+}
+
+TEST(Markdown, GlooAgainstMpiWithPyTorchOnGloo) {
+  const auto results = with_mpi();
+  const auto md = render_markdown(results, analyze(results));
+  // Rows name their backend once a run compares backends; one-process rows have none.
+  EXPECT_TRUE(has(md, "| Tandem single | 1 | 90 (80...100) |")) << md;
+  EXPECT_TRUE(has(md, "| Tandem ddp (gloo) | 2 | 144 (128...160) |")) << md;
+  EXPECT_TRUE(has(md, "| Tandem ddp (mpi) | 2 | 180 (160...200) |")) << md;
+  EXPECT_TRUE(has(md, "| Tandem dp-replicate | 2 |")) << md;
+  EXPECT_TRUE(has(md, "| PyTorch ddp (gloo) | 2 | 112 (100...125) |")) << md;
+  // MPI's row against PyTorch DDP on Gloo: 160 / 100 ms.
+  EXPECT_TRUE(has(md, "| 1.60 (1.60...1.60) vs ddp |")) << md;
+  // The comparison: step p50s, Gloo / MPI, PyTorch / each, within each repeat.
+  EXPECT_TRUE(has(md, "## Gloo vs MPI")) << md;
+  EXPECT_TRUE(has(md, "| small | 2 | ddp step | 140.6 (125.0...156.2) | 112.5 (100.0...125.0) | 1.25 (1.25...1.25) | "
+                      "180.0 (160.0...200.0) | 1.60 (1.60...1.60) | 1.28 (1.28...1.28) |")) << md;
+  EXPECT_TRUE(has(md, "| small | 2 | gradient all-reduce (DDP's buckets) | 4.5 (4.0...5.0) | 2.2 (2.0...2.5) | "
+                      "2.00 (2.00...2.00) | – | – | – |")) << md;
+  EXPECT_TRUE(has(md, "- **small: ddp (mpi) on 2 devices**: ")) << md;
+  // The sweep: a column pair per (world, backend).
+  EXPECT_TRUE(has(md, "| size | 2 ranks, gloo ms | GB/s | 2 ranks, mpi ms | GB/s |")) << md;
+  EXPECT_TRUE(has(md, "| 64 KiB | 1.000 | 0.07 | 0.500 | 0.13 |")) << md;
+  EXPECT_TRUE(has(md, "| 64 MiB | 100.000 | 0.67 | 50.000 | 1.34 |")) << md;
+
+  // Re-rendered from results.json (`tandem report`), the same table.
+  const auto back = results_from_json(to_json(results), "memory");
+  EXPECT_EQ(render_markdown(back, analyze(back)), md);
+}
+
+TEST(Markdown, AGlooOnlyRunHasNoBackendTable) {
+  const auto results = test::fixture();
+  const auto md = render_markdown(results, analyze(results));
+  EXPECT_FALSE(has(md, "Gloo vs MPI")) << md;
+  EXPECT_FALSE(has(md, "(gloo)")) << md;
+  EXPECT_FALSE(has(md, "## All-reduce sweep")) << md;
+}
+
 TEST(Markdown, AFailedMeasurementIsListedWithItsLog) {
   auto results = test::fixture();
   results.failures.push_back({{"tandem", "small", "ddp", 2}, 1, "exit code 1; log: /x/007.log"});

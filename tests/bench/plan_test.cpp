@@ -9,7 +9,9 @@
 namespace tandem::bench {
 namespace {
 
-bool contains(const std::vector<Measurement>& ms, const Measurement& m) {
+// `m` without a backend: its default (Gloo for a multi-process strategy, none otherwise).
+bool contains(const std::vector<Measurement>& ms, Measurement m) {
+  if (m.backend.empty()) m.backend = normal_backend(m.strategy, "");
   return std::find(ms.begin(), ms.end(), m) != ms.end();
 }
 
@@ -71,6 +73,85 @@ TEST(Plan, RepeatsAlternateTheirOrderAndTheSweepComesOnce) {
   EXPECT_EQ(p.front().measurement.strategy, "sweep");
   EXPECT_EQ(p.front().measurement.world, 2);  // at the calibration world, not the widest
   EXPECT_EQ(p.front().repeat, -1);
+}
+
+TEST(Plan, TandemsMultiProcessRunsOncePerBackendPeersOnGlooOnly) {
+  BenchConfig config;
+  config.models = {"small"};
+  config.strategies = {"single", "dp-persistent", "ddp"};
+  config.worlds = {1, 2};
+  config.backends = {"gloo", "mpi"};
+  const auto ms = measurements(config, /*with_peers=*/true);
+  for (const char* backend : {"gloo", "mpi"}) {
+    for (const char* strategy : {"ddp", "ddp-no-sync", "allreduce"}) {
+      EXPECT_TRUE(contains(ms, {"tandem", "small", strategy, 2, backend})) << strategy << " " << backend;
+    }
+  }
+  EXPECT_TRUE(contains(ms, {"pytorch", "small", "ddp", 2, "gloo"}));
+  EXPECT_FALSE(contains(ms, {"pytorch", "small", "ddp", 2, "mpi"}));  // PyTorch's wheel has no MPI
+  // One process talks to no backend: measured once, with none.
+  EXPECT_TRUE(contains(ms, {"tandem", "small", "single", 1, ""}));
+  EXPECT_TRUE(contains(ms, {"tandem", "small", "dp-persistent", 2, ""}));
+  EXPECT_EQ(std::count_if(ms.begin(), ms.end(), [](const Measurement& m) { return m.strategy == "dp-persistent"; }), 1);
+  // tandem: single, dp-persistent, 3 x 2 backends; pytorch: single, dp, ddp, ddp-no-sync.
+  EXPECT_EQ(ms.size(), 2u + 6 + 4);
+
+  // MPI alone: no Gloo run of Tandem's, the peers still on Gloo.
+  config.backends = {"mpi"};
+  const auto only = measurements(config, true);
+  EXPECT_FALSE(contains(only, {"tandem", "small", "ddp", 2, "gloo"}));
+  EXPECT_TRUE(contains(only, {"tandem", "small", "ddp", 2, "mpi"}));
+  EXPECT_TRUE(contains(only, {"pytorch", "small", "ddp", 2, "gloo"}));
+}
+
+TEST(Plan, TheSweepRunsOnEveryBackendAndWithSweepAtEveryWorld) {
+  BenchConfig config;
+  config.models = {"small"};
+  config.strategies = {"ddp"};
+  config.worlds = {1, 2, 4};
+  config.backends = {"gloo", "mpi"};
+  config.repeats = 1;
+  config.project = {"8x1"};  // the projection's sweep: the calibration world, each backend
+  auto p = plan(config, false);
+  ASSERT_GE(p.size(), 2u);
+  EXPECT_EQ(p[0].measurement, (Measurement{"tandem", "small", "sweep", 2, "gloo"}));
+  EXPECT_EQ(p[1].measurement, (Measurement{"tandem", "small", "sweep", 2, "mpi"}));
+  EXPECT_NE(p[2].measurement.strategy, "sweep");
+  config.project.clear();
+  config.sweep = true;  // --sweep: every world above one
+  p = plan(config, false);
+  std::vector<Measurement> sweeps;
+  for (const auto& planned : p) {
+    if (planned.measurement.strategy == "sweep") {
+      EXPECT_EQ(planned.repeat, -1);
+      sweeps.push_back(planned.measurement);
+    }
+  }
+  EXPECT_EQ(sweeps, (std::vector<Measurement>{{"tandem", "small", "sweep", 2, "gloo"},
+                                              {"tandem", "small", "sweep", 2, "mpi"},
+                                              {"tandem", "small", "sweep", 4, "gloo"},
+                                              {"tandem", "small", "sweep", 4, "mpi"}}));
+}
+
+TEST(Plan, BackendsAndSweepSizesAreChecked) {
+  auto message_of = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(parse_backends("mpi,gloo,mpi", "cpu", true), (std::vector<std::string>{"mpi", "gloo"}));
+  EXPECT_EQ(parse_backends("gloo", "cuda", false), (std::vector<std::string>{"gloo"}));
+  EXPECT_EQ(message_of([] { parse_backends("gloo,nccl", "cpu", true); }),
+            "--backends: unknown value 'nccl' (expected a comma-separated list of gloo, mpi)");
+  EXPECT_NE(message_of([] { parse_backends("gloo,mpi", "cpu", false); }).find("this build of Tandem has no MPI backend"),
+            std::string::npos);
+  EXPECT_NE(message_of([] { parse_backends("mpi", "cuda", true); }).find("run on NCCL"), std::string::npos);
+  EXPECT_EQ(message_of([] { check_sweep_sizes(65536, int64_t{64} << 20); }), "no error");  // 64 KiB .. 64 MiB
+  EXPECT_NE(message_of([] { check_sweep_sizes(6, 4096); }).find("--sweep-min-bytes"), std::string::npos);
+  EXPECT_NE(message_of([] { check_sweep_sizes(8192, 4096); }).find("--sweep-max-bytes"), std::string::npos);
 }
 
 TEST(Plan, FlagValuesAreChecked) {

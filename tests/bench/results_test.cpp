@@ -85,6 +85,46 @@ TEST(Results, RefusesWhatItCannotRead) {
   EXPECT_THROW(results_from_json(doc, "x.json"), Error);
 }
 
+TEST(Results, OldResultsWithoutABackendAreGlooAndNewOnesKeepTheirs) {
+  // The fixture predates --backends: no "backend" anywhere, no "backends" in the config.
+  const auto old = test::fixture();
+  EXPECT_EQ(old.config.backends, (std::vector<std::string>{"gloo"}));
+  for (const auto& r : old.runs) {
+    const bool one_process = r.strategy == "single" || r.strategy == "dp" || r.strategy.rfind("dp-", 0) == 0;
+    EXPECT_EQ(r.backend, one_process ? "" : "gloo") << r.impl << " " << r.strategy;
+  }
+  // A run on MPI, and its config, survive the round trip; the single run still names none.
+  auto results = old;
+  results.config.backends = {"gloo", "mpi"};
+  results.config.sweep = true;
+  results.config.sweep_min_bytes = 65536;
+  for (auto r : old.runs) {
+    if (r.impl == "tandem" && r.strategy == "ddp") {
+      r.backend = "mpi";
+      results.runs.push_back(r);
+    }
+  }
+  results.failures.push_back({{"tandem", "small", "ddp", 2, "mpi"}, 1, "exit code 1"});
+  const auto doc = to_json(results);
+  EXPECT_EQ(doc["runs"].back()["backend"], "mpi");
+  EXPECT_FALSE(doc["runs"][0].contains("backend")) << doc["runs"][0];  // single: no backend to name
+  const auto back = results_from_json(doc, "memory");
+  EXPECT_EQ(back.config.backends, (std::vector<std::string>{"gloo", "mpi"}));
+  EXPECT_TRUE(back.config.sweep);
+  EXPECT_EQ(back.config.sweep_min_bytes, 65536);
+  EXPECT_EQ(back.runs.back().backend, "mpi");
+  EXPECT_EQ(back.failures.back().measurement.backend, "mpi");
+  // A record naming another engine is refused by name.
+  auto bad = to_json(old.runs[1]);
+  bad["backend"] = "nccl";
+  EXPECT_THROW(
+      try { run_from_record(bad); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("unknown backend \"nccl\""), std::string::npos) << e.what();
+        throw;
+      },
+      Error);
+}
+
 TEST(Results, AWorkerRecordOfAnotherSchemaIsRefused) {
   nlohmann::json record{{"record", "tandem-bench-run/0"}};
   EXPECT_THROW(run_from_record(record), Error);

@@ -165,6 +165,9 @@ for line in open(os.path.join(d, "plan.tsv")):
         "allreduce_p50_s and flat_allreduce_p50_s exactly for allreduce":
             all(((k in r) and r[k] > 0) == (strategy == "allreduce")
                 for k in ("allreduce_p50_s", "flat_allreduce_p50_s")),
+        # Under `tandem run` (no MPI launcher) the CPU collectives run on Gloo; one process has none.
+        "backend: gloo exactly for the multi-process strategies": r.get("backend") ==
+            (None if dp or strategy == "single" else "gloo"),
         "sweep: 4096 and 16384 bytes exactly for sweep": ("sweep" in r) == (strategy == "sweep") and
             (strategy != "sweep" or ([s["bytes"] for s in r["sweep"]] == [4096, 16384] and
                                      all(s["p50_s"] > 0 for s in r["sweep"]))),
