@@ -128,6 +128,8 @@ Reduction reduction_for(at::ScalarType dtype, c10d::ReduceOp reduce) {
 
 // MPI counts are int: larger buffers go in pieces.
 constexpr int64_t kMaxPiece = INT_MAX / 16;
+// How often a waiter looks whether the engine got stuck on an earlier call.
+constexpr std::chrono::milliseconds kStuckCheck{100};
 
 class MpiWork : public c10d::Work {
  public:
@@ -158,12 +160,25 @@ class MpiWork : public c10d::Work {
 
   bool wait(std::chrono::milliseconds timeout) override {
     if (timeout == kNoTimeout) timeout = default_timeout_;
+    MpiEngine& engine = MpiEngine::instance();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!done_signal_.wait_for(lock, timeout, [this] { return done_; })) {
-      const std::string why = "MPI " + what_ + " timed out after " + std::to_string(timeout.count()) + " ms";
-      MpiEngine::instance().mark_stuck(
-          why + " and never returned (MPI cannot cancel a collective: exit non-zero and mpirun ends the job)");
-      throw Error(why);
+    // In slices: a call queued behind one that timed out will never run, and must say so at once
+    // instead of costing every bucket another full timeout.
+    while (!done_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        const std::string why = "MPI " + what_ + " timed out after " + std::to_string(timeout.count()) + " ms";
+        engine.mark_stuck(why + " and never returned (MPI cannot cancel a collective: exit non-zero and mpirun ends the job)");
+        throw Error(why);
+      }
+      done_signal_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(deadline - now, kStuckCheck));
+      if (!done_) {
+        lock.unlock();
+        std::string stuck = engine.stuck();
+        lock.lock();
+        if (!stuck.empty() && !done_) throw Error("MPI " + what_ + " cannot run: " + stuck);
+      }
     }
     if (error_) std::rethrow_exception(error_);
     return true;
@@ -233,8 +248,14 @@ class MpiBackend : public c10d::Backend {
       throw Error("the MPI backend gathers at most " + std::to_string(kMaxPiece) + " bytes per rank");
     }
     std::vector<at::Tensor> out = outputs[0];
+    for (const auto& o : out) {
+      if (!o.defined() || !o.device().is_cpu() || !o.is_contiguous() || o.nbytes() != in.nbytes()) {
+        throw Error("the MPI backend's all_gather needs contiguous CPU outputs of the input's size");
+      }
+    }
     return enqueue(c10d::OpType::ALLGATHER, "all_gather", [in, out, comm = comm_] {
       const int bytes = static_cast<int>(in.nbytes());
+      if (bytes == 0) return;  // nothing to move (and no buffer to point at)
       at::Tensor flat = at::empty({static_cast<int64_t>(out.size()) * bytes}, at::kByte);
       check(MPI_Allgather(in.data_ptr(), bytes, MPI_BYTE, flat.data_ptr(), bytes, MPI_BYTE, comm), "MPI_Allgather");
       for (size_t r = 0; r < out.size(); ++r) {

@@ -7,6 +7,7 @@
 #include <future>
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include "tandem/error.h"
 
@@ -42,6 +43,8 @@ MpiEngine::MpiEngine() {
     } else if (provided < MPI_THREAD_FUNNELED) {
       started.set_value("this MPI library gives only MPI_THREAD_SINGLE; Tandem needs MPI_THREAD_FUNNELED");
       return;
+    } else {
+      we_initialized_ = true;
     }
     started.set_value("");
     loop();
@@ -53,10 +56,14 @@ MpiEngine::MpiEngine() {
     return;
   }
   initialized_ = true;
-  // on_exit, not atexit: it gets the exit status (Note [Finalize at exit]).
-  on_exit([](int status, void*) {
-    if (status == 0) finalize_at_exit();
-  }, nullptr);
+  pid_ = ::getpid();
+  // on_exit, not atexit: it gets the exit status (Note [Finalize at exit]). A program that
+  // initialized MPI itself finalizes it itself.
+  if (we_initialized_) {
+    on_exit([](int status, void*) {
+      if (status == 0) finalize_at_exit();
+    }, nullptr);
+  }
 }
 
 // Note [Finalize at exit]: mpirun treats a process that exits without MPI_Finalize as failed and
@@ -64,9 +71,14 @@ MpiEngine::MpiEngine() {
 // reach it too, so a rank that exits with an error after a failure must not call it, or it would
 // sit there until the others' collectives time out. A clean exit (status 0) finalizes on the
 // engine's thread after what is still queued (a communicator being freed, say), unless the engine
-// is stuck; like any MPI program's, it then waits there for the ranks still working.
+// is stuck; like any MPI program's, it then waits there for the ranks still working (a rank that
+// exits 0 with a collective still blocked waits until its peers fail and mpirun ends the job).
 void MpiEngine::finalize_at_exit() {
   MpiEngine& engine = instance();
+  if (::getpid() != engine.pid_) return;  // a forked child: the engine's thread is not here
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
   {
     std::lock_guard<std::mutex> hold(engine.mutex_);
     if (!engine.stuck_.empty() || engine.stopping_) return;
@@ -119,6 +131,11 @@ void MpiEngine::run(const std::function<void()>& task) {
 void MpiEngine::mark_stuck(const std::string& why) {
   std::lock_guard<std::mutex> hold(mutex_);
   if (stuck_.empty()) stuck_ = why;
+}
+
+std::string MpiEngine::stuck() const {
+  std::lock_guard<std::mutex> hold(mutex_);
+  return stuck_;
 }
 
 }  // namespace tandem::comm::detail

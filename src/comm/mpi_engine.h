@@ -18,6 +18,8 @@
 #include <string>
 #include <thread>
 
+#include <sys/types.h>
+
 namespace tandem::comm::detail {
 
 class MpiEngine {
@@ -34,8 +36,11 @@ class MpiEngine {
   void run(const std::function<void()>& task);
 
   /// Called by a waiter whose collective timed out: the engine's thread is inside that call and
-  /// will never come back (MPI collectives cannot be cancelled), so later submissions fail at once.
+  /// will never come back (MPI collectives cannot be cancelled), so later submissions fail at once,
+  /// and so do waits for calls queued behind it (stuck() tells them).
   void mark_stuck(const std::string& why);
+  /// Why the engine is stuck, or empty.
+  std::string stuck() const;
 
   MpiEngine(const MpiEngine&) = delete;
   MpiEngine& operator=(const MpiEngine&) = delete;
@@ -47,7 +52,7 @@ class MpiEngine {
   /// exits without it as a failure); when it is stuck, exit without, and mpirun ends the job.
   static void finalize_at_exit();
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
   bool running_task_ = false;
@@ -55,6 +60,8 @@ class MpiEngine {
   std::string stuck_;  // why, once a collective timed out
   std::string init_error_;
   bool initialized_ = false;
+  bool we_initialized_ = false;  // MPI_Init was ours, so MPI_Finalize is too
+  pid_t pid_ = 0;                // a child made by fork() inherits the exit handler, not the thread
   std::thread thread_;
 };
 

@@ -56,21 +56,35 @@ void check_dense(const char* op, const at::Tensor& t) {
   }
 }
 
-// The debug mode adds a collective before every call: all ranks must have it, or none.
-void agree_on_debug_level(c10d::Store& store, int rank, DebugLevel mine) {
-  const std::string key = "tandem/debug_level";
-  const std::string text = to_string(mine);
+// Rank 0 publishes `mine` under `key`; every other rank gets rank 0's value back (rank 0 its own).
+std::string rank0_setting(c10d::Store& store, int rank, const std::string& key, const std::string& mine) {
   if (rank == 0) {
-    store.set(key, std::vector<uint8_t>(text.begin(), text.end()));
-    return;
+    store.set(key, std::vector<uint8_t>(mine.begin(), mine.end()));
+    return mine;
   }
   const auto theirs = store.get(key);
-  const std::string other(theirs.begin(), theirs.end());
+  return std::string(theirs.begin(), theirs.end());
+}
+
+// The debug mode adds a collective before every call: all ranks must have it, or none.
+void agree_on_debug_level(c10d::Store& store, int rank, DebugLevel mine) {
+  const std::string text = to_string(mine);
+  const std::string other = rank0_setting(store, rank, "tandem/debug_level", text);
   const bool detail_here = mine == DebugLevel::Detail, detail_there = other == to_string(DebugLevel::Detail);
   if (detail_here != detail_there) {
     throw Error("the collective debug level differs between ranks: rank 0 runs with " + other + ", rank " +
                 std::to_string(rank) + " with " + text +
                 ": set the same TANDEM_DEBUG (or TORCH_DISTRIBUTED_DEBUG) for every rank");
+  }
+}
+
+// A rank on Gloo and one on MPI would wait for each other forever (MPI's setup has no timeout).
+void agree_on_cpu_backend(c10d::Store& store, int rank, CpuBackend mine) {
+  const std::string text = to_string(mine);
+  const std::string other = rank0_setting(store, rank, "tandem/cpu_backend", text);
+  if (other != text) {
+    throw Error("the CPU backend differs between ranks: rank 0 uses " + other + ", rank " + std::to_string(rank) +
+                " " + text + ": set the same TANDEM_CPU_BACKEND (or ProcessGroupOptions.cpu_backend) for every rank");
   }
 }
 
@@ -99,6 +113,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const World& world,
   pg->store_ = rendezvous(world, options.rendezvous_timeout());
   if (world.world_size > 1) agree_on_debug_level(*pg->store_, world.rank, pg->debug_level_);
   pg->cpu_kind_ = resolve_cpu_backend(options.cpu_backend() ? *options.cpu_backend() : cpu_backend_from_env()).backend;
+  if (world.world_size > 1) agree_on_cpu_backend(*pg->store_, world.rank, pg->cpu_kind_);
   try {
     if (pg->cpu_kind_ == CpuBackend::Mpi) {
       pg->cpu_ = detail::make_mpi_backend(world.rank, world.world_size, options.timeout());

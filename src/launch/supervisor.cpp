@@ -105,7 +105,10 @@ std::vector<std::string> Supervisor::worker_env(int local_rank, int attempt) con
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TANDEM_LOG_DIR", options_.log_dir},
   };
-  if (options_.backend == "gloo") set["TANDEM_CPU_BACKEND"] = "gloo";
+  // Our own workers are never one MPI world, even inside an mpirun or srun job whose PMIx or
+  // OMPI variables they inherit: auto must not pick MPI for them (docs/design/mpi.md).
+  const char* chosen = std::getenv("TANDEM_CPU_BACKEND");
+  if (options_.backend == "gloo" || !chosen || !*chosen) set["TANDEM_CPU_BACKEND"] = "gloo";
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string entry(*e);
@@ -230,7 +233,7 @@ Supervisor::Outcome Supervisor::run_mpirun_attempt(int attempt) {
   output.follow(mpirun->stdout_fd(), mpirun->stderr_fd());
   const pid_t mpirun_pid = mpirun->pid();
 
-  bool stopping = false;
+  bool stopping = false, mpirun_failed = false;
   int signals_seen = 0;
   Clock::time_point kill_deadline = Clock::time_point::max();
   auto kill_all = [&] {
@@ -260,13 +263,7 @@ Supervisor::Outcome Supervisor::run_mpirun_attempt(int attempt) {
       }
     }
     reap_children_except(mpirun_pid);  // orphans that exited
-    if (mpirun->running() && mpirun->poll_exit() && !stopping && failed(*mpirun->status())) {
-      const int rank = output.failed_rank();
-      failure_ = (rank >= 0 ? "rank " + std::to_string(rank) + " failed (mpirun: " + output.mpirun_summary() + "); "
-                            : std::string()) +
-                 "mpirun ended with " + WorkerProcess::describe_status(*mpirun->status()) + "; its log: " +
-                 (rank >= 0 ? output.stderr_log(rank) : output.mpirun_log());
-    }
+    if (mpirun->running() && mpirun->poll_exit() && !stopping && failed(*mpirun->status())) mpirun_failed = true;
     if (stopping && Clock::now() >= kill_deadline) {
       kill_all();
       kill_deadline = Clock::time_point::max();
@@ -277,6 +274,15 @@ Supervisor::Outcome Supervisor::run_mpirun_attempt(int attempt) {
   const int leftover = kill_descendants_except(mpirun_pid);
   if (leftover > 0 && !stopping) note(std::to_string(leftover) + " process(es) outlived mpirun: killed");
   output.drain();
+  // After the drain: mpirun writes which rank failed just before it exits, and a loaded machine
+  // may reap it before that text was read.
+  if (mpirun_failed) {
+    const int rank = output.failed_rank();
+    failure_ = (rank >= 0 ? "rank " + std::to_string(rank) + " failed (mpirun: " + output.mpirun_summary() + "); "
+                          : std::string()) +
+               "mpirun ended with " + WorkerProcess::describe_status(*mpirun->status()) + "; its log: " +
+               (rank >= 0 ? output.stderr_log(rank) : output.mpirun_log());
+  }
   if (!failure_.empty()) note(failure_);
   if (interrupt_signal_) return Outcome::Interrupted;
   return failure_.empty() ? Outcome::Succeeded : Outcome::Failed;

@@ -41,7 +41,18 @@ add_test(NAME comm.mpi.fail.no_launcher COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expe
 add_test(NAME comm.mpi.fail.bad_variable COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_failure.sh 30
   "TANDEM_CPU_BACKEND='mpich' is not a CPU backend: use auto, gloo or mpi"
   env TANDEM_CPU_BACKEND=mpich $<TARGET_FILE:train_ddp> --epochs 1)
-set(_mpi_tests comm.collectives.mpi2 comm.collectives.mpi4 comm.collectives.mpi.auto_under_mpirun ddp.mpi2 ddp.mpi4
+# Ranks that disagree on the backend are refused at creation, naming both (instead of one rank
+# waiting in MPI's setup, which has no timeout).
+add_test(NAME comm.mpi.fail.backend_differs COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_failure.sh 60
+  "the CPU backend differs between ranks: rank 0 uses gloo, rank 1 mpi: set the same TANDEM_CPU_BACKEND"
+  ${TANDEM_CLI_PATH} run --nproc-per-node 2 -- sh -c "[ \"$RANK\" = 1 ] && export TANDEM_CPU_BACKEND=mpi; exec \"$0\" --epochs 1" $<TARGET_FILE:train_ddp>)
+# `tandem run`'s own workers inside an MPI job (srun with PMIx, or under mpirun) inherit its
+# variables, yet are no MPI world: auto must stay on Gloo for them.
+add_test(NAME comm.collectives.gloo2.inside_an_mpi_job
+  COMMAND env OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 PMIX_RANK=0 TANDEM_TEST_EXPECT_CPU_BACKEND=gloo
+    ${TANDEM_CLI_PATH} run --nproc-per-node 2 -- $<TARGET_FILE:collectives_test>
+    --gtest_filter=Collectives.CpuBackendIsTheExpectedOne:Collectives.AllReduceSumIsExact)
+set(_mpi_tests comm.mpi.fail.backend_differs comm.collectives.gloo2.inside_an_mpi_job comm.collectives.mpi2 comm.collectives.mpi4 comm.collectives.mpi.auto_under_mpirun ddp.mpi2 ddp.mpi4
   faults.hung_rank.mpi2 faults.exited_rank.mpi2 faults.hung_rank.ddp.mpi2 faults.killed_rank.mpi2
   comm.mpi.fail.no_launcher comm.mpi.fail.bad_variable)
 if(TARGET train_ddp)
