@@ -7,21 +7,8 @@
 # netns_mpi_test.sh TANDEM WORKER [WORKER ARGS...]
 set -u
 TANDEM="$1"; shift
-A=tandem_mpi_a_$$; B=tandem_mpi_b_$$
-NET=10.232.$(( $$ % 250 )); ADDR_A=$NET.1; ADDR_B=$NET.2
-work="$(mktemp -d)"
-cleanup() { ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
-if ! ip netns add "$A" 2>/dev/null || ! ip netns add "$B" 2>/dev/null; then
-  echo "SKIPPED: this machine refuses network namespaces (ip netns add failed; needs root / CAP_SYS_ADMIN)"
-  exit 77
-fi
-set -e
-ip link add "ma$$" netns "$A" type veth peer name "mb$$" netns "$B"
-ip -n "$A" addr add "$ADDR_A/24" dev "ma$$"; ip -n "$B" addr add "$ADDR_B/24" dev "mb$$"
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set "ma$$" up; ip -n "$B" link set "mb$$" up
-set +e
+source "$(dirname "$0")/../support/two_hosts.sh"
+two_hosts mpi 232
 
 # mpirun calls the agent as `AGENT HOST COMMAND...`, as it would call ssh. A real second host
 # also has its own /dev/shm: Open MPI names its shared-memory segments there by hostname, job and

@@ -5,21 +5,9 @@
 # netns_test.sh TANDEM WORKER [GTEST_FILTER]: the worker's tests run as 4 ranks on the 2 hosts.
 set -u
 TANDEM="$1"; WORKER="$2"
-A=tandem_test_a_$$; B=tandem_test_b_$$
-ADDR_A=10.231.$(( $$ % 250 )).1; ADDR_B=10.231.$(( $$ % 250 )).2; PORT=29611
-
-cleanup() { ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null; }
-trap cleanup EXIT
-if ! ip netns add "$A" 2>/dev/null || ! ip netns add "$B" 2>/dev/null; then
-  echo "SKIPPED: this machine refuses network namespaces (ip netns add failed; needs root / CAP_SYS_ADMIN)"
-  exit 77
-fi
-set -e
-ip link add "va$$" netns "$A" type veth peer name "vb$$" netns "$B"
-ip -n "$A" addr add "$ADDR_A/24" dev "va$$"; ip -n "$B" addr add "$ADDR_B/24" dev "vb$$"
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set "va$$" up; ip -n "$B" link set "vb$$" up
-set +e
+source "$(dirname "$0")/../support/two_hosts.sh"
+two_hosts test 231
+PORT=29611
 
 common=(--nnodes 2 --nproc-per-node 2 --master-addr "$ADDR_A" --master-port "$PORT" --run-id netns-test)
 filter="${3:---gtest_filter=Collectives.AllReduce*:Collectives.Broadcast*:Collectives.AllGather*:Collectives.Barrier*}"

@@ -7,21 +7,9 @@
 set -u
 tandem="$1"
 command -v mpirun > /dev/null || { echo "SKIPPED: no mpirun on PATH (Debian: openmpi-bin)"; exit 77; }
-A=tandem_mpi_a_$$; B=tandem_mpi_b_$$
-net=10.233.$(( $$ % 250 )); ADDR_A=$net.1; ADDR_B=$net.2
-work="$(mktemp -d)"
-cleanup() { ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
-if ! ip netns add "$A" 2>/dev/null || ! ip netns add "$B" 2>/dev/null; then
-  echo "SKIPPED: this machine refuses network namespaces (ip netns add failed; needs root / CAP_SYS_ADMIN)"
-  exit 77
-fi
-set -e
-ip link add "ma$$" netns "$A" type veth peer name "mb$$" netns "$B"
-ip -n "$A" addr add "$ADDR_A/24" dev "ma$$"; ip -n "$B" addr add "$ADDR_B/24" dev "mb$$"
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set "ma$$" up; ip -n "$B" link set "mb$$" up
-set +e
+source "$(dirname "$0")/../support/two_hosts.sh"
+two_hosts lmpi 233
+net=$NET
 # ssh's stand-in: `agent [-options] HOST COMMAND...` runs COMMAND through a shell in B.
 cat > "$work/agent.sh" <<AGENT
 #!/bin/bash

@@ -59,8 +59,17 @@ W
     timeout -s KILL 60 "$tandem" run --backend mpi --nproc-per-node 2 --max-restarts $restarts \
       --log-dir "$work/logs" -- "$work/worker.sh" > "$out" 2>&1; rc=$?
     cat "$out"
-    grep -q "tandem run: rank 1 failed (mpirun: .*Exit code: 3); mpirun ended with exit code 3; its log: $work/logs/attempt_0/rank_1.stderr.log" "$out" \
-      || fail "no line naming rank 1's failure"
+    # mpirun names the first failed rank in a closing block ("Process name: [[J,1],1] / Exit code:
+    # 3"), but not always: one run in a few under load it prints only "Primary job terminated
+    # normally, but 1 process returned a non-zero exit code". The launcher names the rank when
+    # mpirun does, and always gives mpirun's exit status and log.
+    if grep -q "Process name:" "$out"; then
+      grep -q "tandem run: rank 1 failed (mpirun: .*Exit code: 3); mpirun ended with exit code 3; its log: $work/logs/attempt_0/rank_1.stderr.log" "$out" \
+        || fail "mpirun named the failed rank, the launcher did not"
+    else
+      grep -q "tandem run: mpirun ended with exit code 3; its log: $work/logs/attempt_0/mpirun.log" "$out" \
+        || fail "no line with mpirun's exit status and log"
+    fi
     if [[ $mode == restart ]]; then
       [[ $rc -eq 0 ]] || fail "the restarted job exited $rc, expected 0"
       grep -q "restarting mpirun and every rank (restart 1 of 1)" "$out" || fail "no restart note"
