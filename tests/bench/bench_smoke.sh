@@ -75,7 +75,12 @@ if command -v mpirun > /dev/null; then
   elif grep -q "has no MPI backend" "$out/mpi.log"; then
     echo "bench_smoke: --backends mpi skipped: this build has no MPI backend"
   else
-    cat "$out/mpi.log"; echo "FAIL: tandem bench --backends gloo,mpi"; exit 1
+    cat "$out/mpi.log"
+    # The failed measurements' own logs say why (the run's folder is removed at exit).
+    for log in $(grep -o 'FAILED: .*; log: [^ ]*' "$out/mpi.log" | sed 's/.*; log: //'); do
+      echo "=== $log"; tail -n 30 "$log"
+    done
+    echo "FAIL: tandem bench --backends gloo,mpi"; exit 1
   fi
 fi
 echo "bench_smoke: ok ($(grep -cE '^\| [^|]* \| (Tandem|PyTorch|HF)' "$out/run/results.md") rows)"
