@@ -9,7 +9,9 @@
 //   restarts are left (TORCHELASTIC_RESTART_COUNT counts them).
 // - SIGINT / SIGTERM to the launcher are forwarded to every worker's group; a second one, or the
 //   grace period running out, escalates to SIGKILL. The launcher then exits 128 + signal.
-// - Workers die with the launcher (PR_SET_PDEATHSIG), so even `kill -9` leaves no orphans.
+// - Workers die with the launcher (PR_SET_PDEATHSIG), so even `kill -9` leaves no orphans. Under
+//   --backend mpi only mpirun has that signal: Open MPI 4.1 leaves its ranks running when mpirun is
+//   killed with SIGKILL (docs/guide.md, "Launching with Open MPI").
 // - With --backend mpi, mpirun is the one child (Note [Launching through mpirun] in
 //   mpirun_command.h) and stopping it is Note [Stopping an mpirun job] in supervisor.cpp.
 #include <string>
