@@ -95,11 +95,9 @@ void MpiEngine::loop() {
     wake_.wait(lock, [this] { return !queue_.empty(); });
     auto task = std::move(queue_.front());
     queue_.pop_front();
-    running_task_ = true;
     lock.unlock();
     task();  // tasks report their own failures; they do not throw
     lock.lock();
-    running_task_ = false;
     if (stopping_ && queue_.empty()) return;
   }
 }

@@ -55,7 +55,6 @@ class MpiEngine {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
-  bool running_task_ = false;
   bool stopping_ = false;
   std::string stuck_;  // why, once a collective timed out
   std::string init_error_;
