@@ -8,21 +8,26 @@
 namespace tandem::comm::detail {
 
 #ifdef TANDEM_HAVE_CUDA
-bool nccl_available() { return c10::cuda::device_count() > 0; }
+bool nccl_compiled() { return true; }
 
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    int rank, int size,
+                                                    int rank, int size, int device,
                                                     std::chrono::milliseconds timeout) {
-  if (!nccl_available()) return {};
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  c10::cuda::set_device(index);
   auto options = c10d::ProcessGroupNCCL::Options::create();
+  // Enforced by the NCCL watchdog (and by wait() under TORCH_NCCL_BLOCKING_WAIT=1), never by a
+  // host wait of ours: Note [Stream-ordered waits] in process_group.cpp.
   options->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  backend->setBoundDeviceId(c10::Device(c10::kCUDA, index));
+  return backend;
 }
 #else
-bool nccl_available() { return false; }
+bool nccl_compiled() { return false; }
 
-c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&, int,
-                                                    int, std::chrono::milliseconds) {
+c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&, int, int, int,
+                                                    std::chrono::milliseconds) {
   return {};
 }
 #endif

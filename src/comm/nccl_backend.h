@@ -8,12 +8,14 @@
 
 namespace tandem::comm::detail {
 
-/// Whether this build has the NCCL path and a CUDA device is visible.
-bool nccl_available();
+/// Whether this build has the NCCL path.
+bool nccl_compiled();
 
-/// Null when !nccl_available().
+/// Makes cuda:`device` the current device, then creates the NCCL backend bound to it (Note
+/// [Device binding]). Communicators are created at the first CUDA collective, as in PyTorch
+/// without eager init, so ranks without a device never leave the others waiting in NCCL's setup.
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    int rank, int size,
+                                                    int rank, int size, int device,
                                                     std::chrono::milliseconds timeout);
 
 }  // namespace tandem::comm::detail

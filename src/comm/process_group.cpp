@@ -13,6 +13,8 @@
 #include "comm/failure_report.h"
 #include "comm/mpi_backend.h"
 #include "comm/nccl_backend.h"
+#include "comm/nccl_device.h"
+#include "tandem/comm/cuda_info.h"
 #include "tandem/comm/net.h"
 #include "tandem/error.h"
 
@@ -125,10 +127,17 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const World& world,
           c10::make_intrusive<c10d::PrefixStore>("tandem/gloo", pg->store_), world.rank,
           world.world_size, gloo_options);
     }
-    if (options.use_nccl()) {
+    // Note [Device binding]: before any CUDA work of ours.
+    const bool compiled = detail::nccl_compiled();
+    const auto device = detail::choose_nccl_device(compiled, options.use_nccl(), world.local_rank,
+                                                   compiled && options.use_nccl() ? cuda_device_count() : 0);
+    if (device.index >= 0) {
       pg->nccl_ = detail::make_nccl_backend(
           c10::make_intrusive<c10d::PrefixStore>("tandem/nccl", pg->store_), world.rank,
-          world.world_size, options.timeout());
+          world.world_size, device.index, options.timeout());
+      pg->nccl_device_ = device.index;
+    } else {
+      pg->nccl_unavailable_ = device.unavailable;
     }
   } catch (const Error&) {
     throw;
@@ -150,11 +159,21 @@ ProcessGroup::~ProcessGroup() {
   store_.reset();
 }
 
+std::optional<c10::Device> ProcessGroup::cuda_device() const {
+  if (!nccl_) return std::nullopt;
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(nccl_device_));
+}
+
 const c10::intrusive_ptr<c10d::Backend>& ProcessGroup::backend_for(const c10::Device& device) const {
   if (device.is_cuda()) {
     if (!nccl_) {
-      throw Error("a CUDA tensor needs the NCCL backend, which this process group does not have "
-                  "(built without CUDA, no GPU visible, or use_nccl=false)");
+      throw Error("a CUDA tensor needs the NCCL backend, which rank " + std::to_string(rank()) +
+                  " does not have: " + nccl_unavailable_);
+    }
+    if (device.has_index() && device.index() != nccl_device_) {
+      throw Error("a tensor on " + device.str() + " on rank " + std::to_string(rank()) + ", whose NCCL backend is bound to cuda:" +
+                  std::to_string(nccl_device_) + " (LOCAL_RANK=" + std::to_string(world_.local_rank) +
+                  "): each rank's CUDA tensors must be on its own device");
     }
     return nccl_;
   }
@@ -234,8 +253,20 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
       }
     }
   }
+  // Note [Stream-ordered waits]
+  // A CUDA collective is waited for as PyTorch's reducer does: wait() without a timeout only makes
+  // the current stream wait for NCCL's, so the host goes on queueing work (the optimizer's kernels
+  // come after the reduction on that stream). Its timeout is the NCCL watchdog's, set at creation;
+  // with TORCH_NCCL_BLOCKING_WAIT=1 wait() blocks and throws, and the error is named here as on
+  // CPU. A host wait with a timeout would block the CPU on every bucket, and in c10d >= 2.5 it
+  // polls the CUDA event in a busy loop. CPU backends have no watchdog: there wait() is the timeout.
+  const bool cuda = call && call->device_type == static_cast<int64_t>(c10::DeviceType::CUDA);
   try {
-    work->wait(options_.timeout());
+    if (cuda) {
+      work->wait();
+    } else {
+      work->wait(options_.timeout());
+    }
   } catch (const std::exception& e) {
     throw failure(what, call.get(), e);
   }

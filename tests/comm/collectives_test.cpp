@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "support/distributed_main.h"
 #include "tandem/comm/cuda_info.h"
@@ -191,18 +192,29 @@ TEST(Collectives, BadInputsAreClearErrors) {
       (void)pg().backend_for(c10::Device("cuda:0"));
       FAIL() << "CUDA device accepted without NCCL";
     } catch (const tandem::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("needs the NCCL backend"), std::string::npos);
+      EXPECT_EQ(std::string(e.what()), "a CUDA tensor needs the NCCL backend, which rank " + std::to_string(R()) +
+                                           " does not have: " + pg().nccl_unavailable());
+      EXPECT_NE(pg().nccl_unavailable(), "");
+    }
+  } else {
+    const int other = pg().cuda_device()->index() == 0 ? 1 : 0;  // another rank's device
+    try {
+      (void)pg().backend_for(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(other)));
+      FAIL() << "a device other than the bound one accepted";
+    } catch (const tandem::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("each rank's CUDA tensors must be on its own device"), std::string::npos) << e.what();
     }
   }
 }
 
-// NCCL: a world of one on the GPU here is what issue #2 asks; larger worlds come with the GPU
-// machine. Skips visibly without a GPU.
+// NCCL on each rank's own device (Note [Device binding]): a world of one on one GPU, or one rank
+// per GPU. Skips visibly, on every rank together, where any rank has no NCCL backend.
 TEST(Nccl, AllReduceOnCudaTensor) {
-  if (tandem::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
-  ASSERT_TRUE(pg().has_nccl());
-  const int device = pg().world().local_rank % tandem::comm::cuda_device_count();
-  auto opts = at::TensorOptions().device(at::kCUDA, device);
+  if (!tandem::test::every_rank_has_nccl()) GTEST_SKIP() << tandem::test::why_no_nccl();
+  const c10::Device device = *pg().cuda_device();
+  EXPECT_EQ(device.index(), pg().world().local_rank);
+  EXPECT_EQ(c10::impl::VirtualGuardImpl(c10::kCUDA).getDevice(), device) << "create() makes it the current device";
+  auto opts = at::TensorOptions().device(device);
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
     at::Tensor t = pattern(1 << 20, dtype).to(opts) * (R() + 1);
     pg().all_reduce(t, ReduceOp::Sum);
@@ -211,6 +223,10 @@ TEST(Nccl, AllReduceOnCudaTensor) {
   at::Tensor f = pattern(1000, at::kFloat).to(opts) * (R() + 1);
   pg().all_reduce(f, ReduceOp::Avg);
   EXPECT_TRUE(at::equal(f.cpu(), pattern(1000, at::kFloat) * ((W() + 1) / 2.0)));
+  // Stream order, not a host wait: a kernel queued right after the call sees the reduced values.
+  at::Tensor g = at::ones({1 << 22}, opts);
+  pg().all_reduce(g, ReduceOp::Sum);
+  EXPECT_EQ(g.sum().item<double>(), double(W()) * (1 << 22));
 }
 
 // Run alone (its own ctest entry): rank 0 skips a collective that rank 1 enters, so rank 1 must

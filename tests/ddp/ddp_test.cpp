@@ -35,6 +35,11 @@
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/error.h"
 
+#ifdef TANDEM_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 using namespace tandem;
 using ddp::DistributedDataParallel;
 using ddp::DistributedDataParallelOptions;
@@ -281,23 +286,75 @@ INSTANTIATE_TEST_SUITE_P(Table, DdpOracle, ::testing::ValuesIn(cases()), [](cons
 // ---- GPU: the same oracles on CUDA with NCCL (skipped visibly without a GPU) -------------------
 
 TEST(DdpGpu, OraclesOnCuda) {
-  if (!test::shared_pg()->has_nccl()) GTEST_SKIP() << "no CUDA device visible (or no NCCL in this build)";
-  g_device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(test::shared_pg()->world().local_rank));
+  if (!test::every_rank_has_nccl()) GTEST_SKIP() << test::why_no_nccl();
+  g_device = *test::shared_pg()->cuda_device();  // cuda:LOCAL_RANK (Note [Device binding])
+  ASSERT_EQ(g_device.index(), test::shared_pg()->world().local_rank);
   using O = DistributedDataParallelOptions;
   for (const Variant& v : {Variant{"defaults", O()}, Variant{"bucket_view", O().gradient_as_bucket_view(true)},
                            Variant{"tiny_buckets", O().bucket_cap_mb(0.0005).first_bucket_mb(0.0001)},
+                           Variant{"allreduce_hook", O(), Hook::AllReduce},
                            Variant{"bf16_hook", O(), Hook::Bf16, 5e-2, true}}) {
     for (const char* opt : {"sgd", "adam"}) {
+      const uint64_t before = test::shared_pg()->last_sequence_number();
       const double diff = train_against_reference<Mlp>(v, opt, false, [](auto& m, const at::Tensor& x, int, int) {
         return m.forward(x);
       });
-      std::printf("gpu oracle mlp/%s/%s on %d ranks: %.3g (tolerance %.0e)\n", opt, v.name.c_str(), W(), diff,
-                  v.tolerance);
+      const uint64_t collectives = test::shared_pg()->last_sequence_number() - before;
+      std::printf("gpu oracle mlp/%s/%s on %d ranks: %.3g (tolerance %.0e), %llu collectives\n", opt, v.name.c_str(),
+                  W(), diff, v.tolerance, static_cast<unsigned long long>(collectives));
       EXPECT_LE(diff, v.tolerance) << v.name << " " << opt;
+      // A hook always reduces, even in a world of one: that is how a single GPU reaches NCCL.
+      if (v.hook != Hook::None || W() > 1) EXPECT_GE(collectives, static_cast<uint64_t>(kSteps)) << v.name;
     }
   }
   g_device = c10::Device(c10::kCPU);
 }
+
+#ifdef TANDEM_HAVE_CUDA
+// The pre-division (and everything else the reducer does per gradient) allocates nothing on the
+// device: a DDP step makes as many CUDA allocations as the same step without DDP, give or take a
+// few per step, never one per parameter. Counted by the caching allocator, which sees every request.
+int64_t cuda_allocations(c10::DeviceIndex device) {
+  using c10::CachingDeviceAllocator::StatType;
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocation[static_cast<size_t>(StatType::AGGREGATE)].allocated;
+}
+
+TEST(DdpGpu, NoDeviceAllocationPerGradient) {
+  if (!test::every_rank_has_nccl()) GTEST_SKIP() << test::why_no_nccl();
+  const c10::Device device = *test::shared_pg()->cuda_device();
+  constexpr int kLayers = 24, kMeasured = 5;  // 48 parameters
+  auto build = [&] {
+    torch::nn::Sequential net;
+    for (int i = 0; i < kLayers; ++i) net->push_back(torch::nn::Linear(16, 16));
+    net->to(device);
+    return net;
+  };
+  const at::Tensor x = at::randn({8, 16}, at::TensorOptions().device(device));
+  auto per_step = [&](auto& model, auto& params) {
+    torch::optim::SGD opt(params, 0.01);
+    auto step = [&] {
+      opt.zero_grad();
+      model->forward(x).square().mean().backward();
+      opt.step();
+    };
+    for (int i = 0; i < 3; ++i) step();  // first-iteration work (bucket rebuild, gradients) done
+    c10::cuda::device_synchronize();
+    const int64_t before = cuda_allocations(device.index());
+    for (int i = 0; i < kMeasured; ++i) step();
+    c10::cuda::device_synchronize();
+    return double(cuda_allocations(device.index()) - before) / kMeasured;
+  };
+  auto plain = build();
+  auto plain_params = plain->parameters();
+  const double without_ddp = per_step(plain, plain_params);
+  DistributedDataParallel ddp_model(build(), test::shared_pg());
+  auto ddp_params = ddp_model->parameters();
+  const double with_ddp = per_step(ddp_model, ddp_params);
+  std::printf("cuda allocations per step on %d ranks: %.1f without DDP, %.1f with DDP (%d parameters)\n", W(),
+              without_ddp, with_ddp, 2 * kLayers);
+  EXPECT_LT(with_ddp - without_ddp, kLayers) << "the reducer allocates on the device per gradient";
+}
+#endif
 
 // ---- uneven inputs: join() (Note [Join]) ------------------------------------------------------
 // Rank r has 3 + 2r batches of its own. The reference trains one model in-process on every

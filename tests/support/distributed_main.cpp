@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "support/skip_code.h"
 #include "tandem/error.h"
 
 namespace tandem::test {
@@ -17,6 +19,16 @@ std::shared_ptr<comm::ProcessGroup> g_pg;
 
 comm::ProcessGroup& pg() { return *g_pg; }
 std::shared_ptr<comm::ProcessGroup> shared_pg() { return g_pg; }
+
+bool every_rank_has_nccl() {
+  at::Tensor mine = at::full({1}, g_pg->has_nccl() ? 1 : 0, at::kInt);
+  g_pg->all_reduce(mine, comm::ReduceOp::Min);
+  return mine.item<int>() == 1;
+}
+
+std::string why_no_nccl() {
+  return g_pg->has_nccl() ? "another rank has no NCCL backend" : g_pg->nccl_unavailable();
+}
 
 int distributed_test_main(int argc, char** argv, const Scenarios& scenarios, const Injections& injections) {
   ::testing::InitGoogleTest(&argc, argv);
@@ -45,7 +57,7 @@ int distributed_test_main(int argc, char** argv, const Scenarios& scenarios, con
     std::fprintf(stderr, "%s: rank %d: %s\n", argv[0], rank, one_line(e).c_str());
     return 2;
   }
-  const int rc = RUN_ALL_TESTS();
+  const int rc = with_skip_code(RUN_ALL_TESTS());
   g_pg.reset();
   return rc;
 }

@@ -19,6 +19,12 @@ namespace tandem::test {
 comm::ProcessGroup& pg();
 std::shared_ptr<comm::ProcessGroup> shared_pg();
 
+/// Whether every rank has an NCCL backend: a CPU all-reduce, so that all ranks skip a GPU test
+/// together (one rank skipping while the others enter a collective would hang them).
+bool every_rank_has_nccl();
+/// Why a GPU test skips here: this rank's reason, or that another rank has no NCCL.
+std::string why_no_nccl();
+
 using Scenarios = std::map<std::string, std::function<int()>>;
 
 /// Failure injections for the launcher tests: a returned value ends the process with that code.

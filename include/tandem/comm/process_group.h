@@ -63,7 +63,8 @@ struct ProcessGroupOptions {
   TORCH_ARG(std::chrono::milliseconds, rendezvous_timeout) = kDefaultRendezvousTimeout;
   /// Threads Gloo uses to run collectives (the MPI backend runs them on one thread).
   TORCH_ARG(int, gloo_threads) = 2;
-  /// Create the NCCL backend when this build has it and a GPU is visible.
+  /// Create the NCCL backend, bound to cuda:LOCAL_RANK, when this build has it and that device
+  /// exists (Note [Device binding] in src/comm/nccl_device.h).
   TORCH_ARG(bool, use_nccl) = true;
   /// The CPU tensors' backend; unset: TANDEM_CPU_BACKEND, else Auto (MPI under an MPI launcher).
   TORCH_ARG(std::optional<CpuBackend>, cpu_backend) = std::nullopt;
@@ -86,6 +87,11 @@ class ProcessGroup {
   const ProcessGroupOptions& options() const { return options_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   bool has_nccl() const { return static_cast<bool>(nccl_); }
+  /// The CUDA device this rank's NCCL backend is bound to (cuda:LOCAL_RANK, made current by
+  /// create()); empty without NCCL.
+  std::optional<c10::Device> cuda_device() const;
+  /// Why there is no NCCL backend (one line); empty when there is one.
+  const std::string& nccl_unavailable() const { return nccl_unavailable_; }
   /// The backend of CPU tensors: Gloo or Mpi (never Auto).
   CpuBackend cpu_backend() const { return cpu_kind_; }
   DebugLevel debug_level() const { return debug_level_; }
@@ -110,7 +116,8 @@ class ProcessGroup {
   void barrier();
 
   /// Waits for `work`, turning a c10d failure into a one-line tandem::Error about `what` that
-  /// names the collective's sequence number and the ranks that did not arrive.
+  /// names the collective's sequence number and the ranks that did not arrive. On CUDA tensors it
+  /// only orders the current stream after the collective (Note [Stream-ordered waits]).
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const;
 
  private:
@@ -130,6 +137,8 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Backend> cpu_;  // Gloo or MPI
   CpuBackend cpu_kind_ = CpuBackend::Gloo;
   c10::intrusive_ptr<c10d::Backend> nccl_;
+  int nccl_device_ = -1;
+  std::string nccl_unavailable_;
   DebugLevel debug_level_ = DebugLevel::Off;
 
   std::mutex issue_mutex_;          // collectives may be issued from autograd threads too
