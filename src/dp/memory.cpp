@@ -169,8 +169,20 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
   return total;
 }
 
+int64_t DeviceMemory::total() const {
+  if (device_peak_bytes) return *device_peak_bytes;  // it holds the rest: Note [DataParallel memory accounting]
+  return parameter_bytes + gradient_bytes + optimizer_bytes + (activations_tracked ? activation_peak_bytes : 0);
+}
+
+void DeviceMemory::derive_activations() {
+  if (!device_peak_bytes) return;
+  activation_peak_bytes = std::max<int64_t>(0, *device_peak_bytes - parameter_bytes - gradient_bytes - optimizer_bytes);
+}
+
 void MemoryReport::add_optimizer(const torch::optim::Optimizer& optimizer) {
-  if (!replicas.empty()) replicas.front().optimizer_bytes += optimizer_state_bytes(optimizer);
+  if (replicas.empty()) return;
+  replicas.front().optimizer_bytes += optimizer_state_bytes(optimizer);
+  replicas.front().derive_activations();
 }
 
 std::string MemoryReport::describe() const {
@@ -179,7 +191,7 @@ std::string MemoryReport::describe() const {
     out += "replica " + std::to_string(r.replica) + " (" + r.device.str() + "): parameters " +
            megabytes(r.parameter_bytes) + ", gradients " + megabytes(r.gradient_bytes) + ", activations " +
            (r.activations_tracked ? megabytes(r.activation_peak_bytes) : std::string("not tracked")) + ", optimizer " + megabytes(r.optimizer_bytes) + ", total " +
-           megabytes(r.total()) + "\n";
+           megabytes(r.total()) + (r.device_peak_bytes ? " (the device's peak)" : "") + "\n";
   }
   return out;
 }

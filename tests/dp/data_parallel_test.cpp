@@ -1,15 +1,21 @@
-// DataParallel oracles: N replicas (CPU here, every visible GPU where present) against one device
-// training the same model on the whole batch.
+// DataParallel oracles: N replicas against one device training the same model on the whole
+// batch. CPU replicas everywhere; DataParallelGpu (one GPU: cuda + cpu mixes, the memory report)
+// and DataParallelTwoGpus (two CUDA replicas, default and pool streams) skip, visibly, without
+// their GPUs (ctest: gpu.dp.one_gpu, gpu.dp.two_gpus).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <dirent.h>
 
 #include <atomic>
+#include <mutex>
 #include <system_error>
 #include <thread>
 
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/linear.h>
@@ -352,9 +358,242 @@ TEST(DataParallel, AFailedBackwardLeavesNothingBehind) {
   }
 }
 
+// Note [DataParallel memory accounting]: on CUDA the allocator's peak already holds parameters,
+// gradients and optimizer state; total() is that peak, not the peak plus them again. A report
+// built by hand for cuda:0: no GPU needed.
+TEST(DataParallelMemory, ACudaReplicaCountsTheDevicePeakOnce) {
+  dp::MemoryReport report;
+  dp::DeviceMemory gpu;
+  gpu.device = c10::Device("cuda:0");
+  gpu.parameter_bytes = 1'000'000;
+  gpu.gradient_bytes = 1'000'000;
+  gpu.device_peak_bytes = 5'000'000;
+  gpu.derive_activations();
+  report.replicas.push_back(gpu);
+  dp::DeviceMemory cpu;  // for contrast: on CPU the figures are separate measurements, summed
+  cpu.replica = 1;
+  cpu.parameter_bytes = 1'000'000;
+  cpu.gradient_bytes = 1'000'000;
+  cpu.activation_peak_bytes = 500'000;
+  report.replicas.push_back(cpu);
+  EXPECT_EQ(report.replicas[0].activation_peak_bytes, 3'000'000);
+  EXPECT_EQ(report.replicas[0].total(), 5'000'000);  // 8'000'000 would count parameters and gradients twice
+  EXPECT_EQ(report.replicas[1].total(), 2'500'000);
+
+  // The optimizer's state (one momentum buffer of 250'000 floats) lives on the primary's device:
+  // the peak held it too, so the activation figure shrinks and the total stays the peak.
+  at::Tensor w = at::zeros({250'000}).requires_grad_();
+  w.mutable_grad() = at::ones({250'000});
+  torch::optim::SGD opt(std::vector<at::Tensor>{w}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  opt.step();
+  report.add_optimizer(opt);
+  EXPECT_EQ(report.replicas[0].optimizer_bytes, 1'000'000);
+  EXPECT_EQ(report.replicas[0].activation_peak_bytes, 2'000'000);
+  EXPECT_EQ(report.replicas[0].total(), 5'000'000);
+  ASSERT_TRUE(report.replicas[0].device_peak_bytes.has_value());
+  EXPECT_EQ(*report.replicas[0].device_peak_bytes, 5'000'000);  // the raw peak stays visible
+  EXPECT_FALSE(report.replicas[1].device_peak_bytes.has_value());
+  EXPECT_THAT(report.describe(),
+              ::testing::HasSubstr("replica 0 (cuda:0): parameters 1.00 MB, gradients 1.00 MB, activations 2.00 MB, "
+                                   "optimizer 1.00 MB, total 5.00 MB (the device's peak)\n"));
+
+  // Peaks reset after the step can hold less than the three figures: activations 0, never negative.
+  dp::DeviceMemory low = gpu;
+  low.device_peak_bytes = 1'500'000;
+  low.derive_activations();
+  EXPECT_EQ(low.activation_peak_bytes, 0);
+  EXPECT_EQ(low.total(), 1'500'000);
+}
+
+// A frozen parameter of the primary gets no gradient from the replicas, in either mode, and one
+// unfrozen later gets every replica's again.
+TEST(DataParallel, FrozenParametersStayFrozenUntilUnfrozen) {
+  for (Mode mode : {Mode::Replicate, Mode::Persistent}) {
+    SCOPED_TRACE(mode == Mode::Replicate ? "replicate" : "persistent");
+    torch::manual_seed(3);
+    Mlp reference;
+    torch::manual_seed(3);
+    Mlp primary;
+    reference->fc1->weight.requires_grad_(false);
+    primary->fc1->weight.requires_grad_(false);
+    DataParallel model(primary, DataParallelOptions().devices(cpus(3)).mode(mode));
+    at::Tensor x = at::randn({12, 10}), y = at::randint(0, 4, {12});
+    at::cross_entropy_loss(model->forward(x), y).backward();
+    at::cross_entropy_loss(reference->forward(x), y).backward();
+    EXPECT_FALSE(primary->fc1->weight.grad().defined());
+    EXPECT_TRUE(at::allclose(primary->fc1->bias.grad(), reference->fc1->bias.grad(), 1e-5, 1e-7));
+    EXPECT_TRUE(at::allclose(primary->fc2->weight.grad(), reference->fc2->weight.grad(), 1e-5, 1e-7));
+
+    reference->fc1->weight.requires_grad_(true);
+    primary->fc1->weight.requires_grad_(true);
+    at::cross_entropy_loss(model->forward(x), y).backward();
+    at::cross_entropy_loss(reference->forward(x), y).backward();
+    ASSERT_TRUE(primary->fc1->weight.grad().defined());
+    EXPECT_TRUE(at::allclose(primary->fc1->weight.grad(), reference->fc1->weight.grad(), 1e-5, 1e-7));
+    EXPECT_TRUE(at::allclose(primary->fc2->weight.grad(), reference->fc2->weight.grad(), 1e-5, 1e-7));
+  }
+}
+
+// ---- GPU tests (ctest label gpu; skipped, visibly, without enough devices) ----
+
+#define SKIP_UNLESS_CUDA_DEVICES(n)                                                                     \
+  do {                                                                                                \
+    const int visible_ = comm::cuda_device_count();                                                   \
+    if (visible_ < (n)) {                                                                             \
+      GTEST_SKIP() << "needs " << (n) << ((n) == 1 ? " CUDA device, " : " CUDA devices, ") << visible_ \
+                   << " visible";                                                                     \
+    }                                                                                                 \
+  } while (false)
+
+// The Mlp, plus a record of where each replica's forward ran: the device and stream its thread
+// had current (Note [DataParallel streams]). Clones share the record.
+struct ForwardSeen {
+  c10::Device input;
+  c10::Device current;
+  c10::Stream stream;
+};
+struct ProbeLog {
+  std::mutex mutex;
+  std::vector<ForwardSeen> seen;
+};
+struct ProbedMlpImpl : torch::nn::Cloneable<ProbedMlpImpl> {
+  ProbedMlpImpl() { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", torch::nn::Linear(10, 32));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    if (x.is_cuda()) {
+      const c10::impl::VirtualGuardImpl cuda(c10::kCUDA);
+      std::lock_guard<std::mutex> lock(log->mutex);
+      log->seen.push_back({x.device(), cuda.getDevice(), cuda.getStream(x.device())});
+    }
+    return fc2(fc1(x).tanh());
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  std::shared_ptr<ProbeLog> log = std::make_shared<ProbeLog>();
+};
+TORCH_MODULE(ProbedMlp);
+
+std::vector<c10::Device> parse_devices(const std::vector<const char*>& names) {
+  std::vector<c10::Device> devices;
+  for (const char* n : names) devices.emplace_back(n);
+  return devices;
+}
+
+std::string joined(const std::vector<c10::Device>& devices) {
+  std::string out;
+  for (const auto& d : devices) out += (out.empty() ? "" : ",") + d.str();
+  return out;
+}
+
+// The current stream of every visible GPU: a fresh pool stream each (`pool`), else the default.
+std::vector<c10::Stream> caller_streams(bool pool) {
+  const c10::impl::VirtualGuardImpl cuda(c10::kCUDA);
+  std::vector<c10::Stream> streams;
+  for (int i = 0; i < comm::cuda_device_count(); ++i) {
+    const c10::Device d(c10::kCUDA, static_cast<c10::DeviceIndex>(i));
+    streams.push_back(pool ? cuda.getStreamFromGlobalPool(d) : cuda.getDefaultStream(d));
+  }
+  return streams;
+}
+
+// 20 steps of DataParallel over `devices` against one device (the primary's), with the caller
+// on pool streams (`pool`) or the default ones all along; then every CUDA replica's forward must
+// have run with its device current and on the caller's stream of that device.
+void expect_oracle_on(const std::vector<c10::Device>& devices, Mode mode, int64_t batch, bool pool) {
+  const std::string what = joined(devices) + (mode == Mode::Replicate ? " replicate" : " persistent") + " batch " +
+                           std::to_string(batch) + (pool ? " on pool streams" : " on default streams");
+  SCOPED_TRACE(what);
+  const std::vector<c10::Stream> streams = caller_streams(pool);
+  std::shared_ptr<ProbeLog> log;
+  double diff = 0;
+  {
+    c10::MultiStreamGuard current(streams);
+    diff = train_against_one_device<ProbedMlp>(
+        batch,
+        [&](ProbedMlp& m) {
+          log = m->log;
+          return DataParallel(m, DataParallelOptions().devices(devices).mode(mode));
+        },
+        devices.front());
+    for (const auto& s : streams) s.synchronize();
+  }
+  std::printf("dp oracle %s: max relative difference %.3g\n", what.c_str(), diff);
+  EXPECT_LE(diff, 1e-5);
+  ASSERT_TRUE(log);
+  for (const auto& seen : log->seen) {
+    EXPECT_EQ(seen.current, seen.input) << "a replica on " << seen.input << " ran with " << seen.current << " current";
+    const auto expected = std::find_if(streams.begin(), streams.end(), [&](const c10::Stream& s) { return s.device() == seen.input; });
+    ASSERT_NE(expected, streams.end());
+    EXPECT_EQ(seen.stream, *expected) << "a replica on " << seen.input << " ran on another stream than the caller's";
+  }
+  // Every case here has a batch of at least one row per device: every replica ran every step.
+  ASSERT_GE(batch, static_cast<int64_t>(devices.size()));
+  const auto cuda_replicas = std::count_if(devices.begin(), devices.end(), [](const c10::Device& d) { return d.is_cuda(); });
+  EXPECT_EQ(log->seen.size(), static_cast<size_t>(20 * cuda_replicas));
+}
+
+// One GPU still runs the multi-device path: chunks copied to the CPU replicas, outputs gathered
+// onto the GPU, gradients summed across devices, in both modes, on the default stream and on a
+// pool stream; and the other way round, a CPU primary with a replica on the GPU.
+TEST(DataParallelGpu, CudaAndCpuReplicasMatchOneDevice) {
+  SKIP_UNLESS_CUDA_DEVICES(1);
+  for (bool pool : {false, true}) {
+    for (Mode mode : {Mode::Replicate, Mode::Persistent}) {
+      expect_oracle_on(parse_devices({"cuda:0", "cpu", "cpu"}), mode, 24, pool);
+      expect_oracle_on(parse_devices({"cuda:0", "cpu", "cpu"}), mode, 5, pool);
+      expect_oracle_on(parse_devices({"cpu", "cuda:0"}), mode, 24, pool);
+    }
+  }
+}
+
+// Note [DataParallel memory accounting] on a real device: total() is the allocator's peak, read
+// here independently through at::accelerator, and the activation figure is what the parameters,
+// gradients and optimizer state leave of it.
+TEST(DataParallelGpu, MemoryReportTotalIsTheDevicePeak) {
+  SKIP_UNLESS_CUDA_DEVICES(1);
+  for (Mode mode : {Mode::Replicate, Mode::Persistent}) {
+    SCOPED_TRACE(mode == Mode::Replicate ? "replicate" : "persistent");
+    Mlp net;
+    DataParallel model(net, DataParallelOptions()
+                                .devices(parse_devices({"cuda:0", "cpu"}))
+                                .mode(mode)
+                                .track_cpu_memory(true));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    model->reset_memory_peaks();
+    for (int i = 0; i < 2; ++i) {
+      opt.zero_grad();
+      at::Tensor x = at::randn({300, 10}).to(c10::Device("cuda:0")), y = at::randint(0, 4, {300}).to(c10::Device("cuda:0"));
+      at::cross_entropy_loss(model->forward(x), y).backward();
+      opt.step();
+    }
+    auto report = model->memory_report();
+    report.add_optimizer(opt);
+    const int64_t peak = at::accelerator::getDeviceStats(0)
+                             .allocated_bytes[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)]
+                             .peak;
+    std::printf("%s", report.describe().c_str());
+    ASSERT_EQ(report.replicas.size(), 2u);
+    const auto& gpu = report.replicas[0];
+    const int64_t param_bytes = (10 * 32 + 32 + 32 * 4 + 4) * 4;
+    EXPECT_EQ(gpu.parameter_bytes, param_bytes);
+    EXPECT_EQ(gpu.optimizer_bytes, param_bytes);
+    ASSERT_TRUE(gpu.device_peak_bytes.has_value());
+    EXPECT_EQ(*gpu.device_peak_bytes, peak);
+    EXPECT_EQ(gpu.total(), peak);
+    EXPECT_GE(peak, gpu.parameter_bytes + gpu.gradient_bytes + gpu.optimizer_bytes);  // all alive on cuda:0 now
+    EXPECT_EQ(gpu.activation_peak_bytes, peak - gpu.parameter_bytes - gpu.gradient_bytes - gpu.optimizer_bytes);
+    const auto& cpu = report.replicas[1];
+    EXPECT_FALSE(cpu.device_peak_bytes.has_value());
+    EXPECT_GT(cpu.activation_peak_bytes, 0);
+    EXPECT_EQ(cpu.total(), cpu.parameter_bytes + cpu.gradient_bytes + cpu.activation_peak_bytes);
+  }
+}
+
 TEST(DataParallelGpu, OracleOnEveryVisibleGpu) {
+  SKIP_UNLESS_CUDA_DEVICES(1);
   const int gpus = comm::cuda_device_count();
-  if (gpus == 0) GTEST_SKIP() << "no CUDA device visible";
   std::vector<c10::Device> devices;
   for (int i = 0; i < gpus; ++i) devices.emplace_back(c10::kCUDA, static_cast<c10::DeviceIndex>(i));
   for (Mode mode : {Mode::Replicate, Mode::Persistent}) {
@@ -363,6 +602,28 @@ TEST(DataParallelGpu, OracleOnEveryVisibleGpu) {
         devices.front());
     std::printf("gpu dp oracle on %d GPUs: %.3g\n", gpus, diff);
     EXPECT_LE(diff, 1e-5);
+  }
+}
+
+TEST(DataParallelTwoGpus, TwoCudaReplicasMatchOneDevice) {
+  SKIP_UNLESS_CUDA_DEVICES(2);
+  for (Mode mode : {Mode::Replicate, Mode::Persistent}) {
+    expect_oracle_on(parse_devices({"cuda:0", "cuda:1"}), mode, 24, false);
+    expect_oracle_on(parse_devices({"cuda:0", "cuda:1"}), mode, 5, false);
+    expect_oracle_on(parse_devices({"cuda:1", "cuda:0"}), mode, 24, false);  // the primary not on device 0
+  }
+}
+
+// The caller works on pool streams, not the default ones: the replicas, the copies into them,
+// the gather and the gradient sums must all stay ordered with the caller's streams.
+TEST(DataParallelTwoGpus, NonDefaultCallerStreams) {
+  SKIP_UNLESS_CUDA_DEVICES(2);
+  const c10::impl::VirtualGuardImpl cuda(c10::kCUDA);
+  for (const auto& s : caller_streams(true)) ASSERT_NE(s, cuda.getDefaultStream(s.device()));
+  for (Mode mode : {Mode::Replicate, Mode::Persistent}) {
+    expect_oracle_on(parse_devices({"cuda:0", "cuda:1"}), mode, 24, true);
+    expect_oracle_on(parse_devices({"cuda:0", "cuda:1", "cpu"}), mode, 24, true);
+    expect_oracle_on(parse_devices({"cuda:0", "cuda:1"}), mode, 5, true);
   }
 }
 

@@ -5,7 +5,9 @@
 // PyTorch's scatter: a batch of 5 on 3 devices is 2+2+1, a batch of 2 uses 2 devices), runs the
 // replicas in parallel threads, and concatenates the outputs on the output device. After
 // backward, the primary module's gradients are the sum over chunks — what one device would have
-// computed on the whole batch.
+// computed on the whole batch. On GPUs each replica thread runs with its device current and the
+// caller's current stream of it, and every copy is ordered on those streams (Note [DataParallel
+// streams] in src/dp/data_parallel.cpp).
 //
 // Note [DataParallel buffers] (both modes)
 // The primary module is replica 0 itself: its parameters and buffers are used in place. Every
