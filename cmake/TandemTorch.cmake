@@ -52,35 +52,167 @@ target_compile_definitions(tandem::torch INTERFACE
 target_link_libraries(tandem::torch INTERFACE "${_lib}/libtorch_cpu.so" "${_lib}/libc10.so")
 
 
+# NCCL_VERSION_CODE as nccl.h's NCCL_VERSION(X,Y,Z) computes it from "X.Y.Z".
+function(_tandem_nccl_version_code out version)
+  string(REGEX MATCH "^([0-9]+)\\.([0-9]+)\\.([0-9]+)" _ "${version}")
+  if(CMAKE_MATCH_1 LESS_EQUAL 2 AND CMAKE_MATCH_2 LESS_EQUAL 8)
+    math(EXPR code "${CMAKE_MATCH_1} * 1000 + ${CMAKE_MATCH_2} * 100 + ${CMAKE_MATCH_3}")
+  else()
+    math(EXPR code "${CMAKE_MATCH_1} * 10000 + ${CMAKE_MATCH_2} * 100 + ${CMAKE_MATCH_3}")
+  endif()
+  set(${out} ${code} PARENT_SCOPE)
+endfunction()
+
+# "X.Y.Z" of the nccl.h in `dir`, or "" where it has none.
+function(_tandem_nccl_header_version out dir)
+  set(version "")
+  if(EXISTS "${dir}/nccl.h")
+    foreach(part MAJOR MINOR PATCH)
+      file(STRINGS "${dir}/nccl.h" line REGEX "^#define NCCL_${part} +[0-9]+")
+      string(REGEX MATCH "[0-9]+$" v_${part} "${line}")
+    endforeach()
+    set(version "${v_MAJOR}.${v_MINOR}.${v_PATCH}")
+  endif()
+  set(${out} "${version}" PARENT_SCOPE)
+endfunction()
+
+# The NCCL version LibTorch was compiled with, so that our nccl.h can be checked against it
+# (src/comm/nccl_header_check.cpp): -DTANDEM_LIBTORCH_NCCL_VERSION=X.Y.Z if given, else the
+# torch wheel's pin (METADATA: "Requires-Dist: nvidia-nccl-cuNN==X.Y.Z"), else the version of the
+# nvidia-nccl wheel installed beside it. Sets TANDEM_LIBTORCH_NCCL_VERSION ("" when unknown, as
+# for a plain LibTorch download), _CODE and _SOURCE.
+function(tandem_libtorch_nccl_version)
+  get_filename_component(site "${TANDEM_TORCH_ROOT}/.." ABSOLUTE)
+  set(version "")
+  set(source "")
+  set(installed "")
+  file(GLOB nccl_infos "${site}/nvidia_nccl_cu*-*.dist-info")
+  foreach(info IN LISTS nccl_infos)
+    get_filename_component(name "${info}" NAME)
+    if(NOT installed AND name MATCHES "^nvidia_nccl_cu[0-9]+-([0-9]+\\.[0-9]+\\.[0-9]+)")
+      set(installed "${CMAKE_MATCH_1}")
+      set(installed_source "${name}")
+    endif()
+  endforeach()
+  if(TANDEM_LIBTORCH_NCCL_VERSION)
+    set(version "${TANDEM_LIBTORCH_NCCL_VERSION}")
+    set(source "-DTANDEM_LIBTORCH_NCCL_VERSION")
+  else()
+    file(GLOB metas "${site}/torch-${TANDEM_TORCH_VERSION}*.dist-info/METADATA")
+    foreach(meta IN LISTS metas)
+      file(STRINGS "${meta}" pin REGEX "^Requires-Dist: *nvidia-nccl-cu[0-9]+ *==")
+      if(NOT version AND pin MATCHES "==([0-9]+\\.[0-9]+\\.[0-9]+)")
+        set(version "${CMAKE_MATCH_1}")
+        get_filename_component(dist "${meta}" DIRECTORY)
+        get_filename_component(dist "${dist}" NAME)
+        set(source "${dist}/METADATA")
+      endif()
+    endforeach()
+    if(NOT version AND installed)
+      set(version "${installed}")
+      set(source "${installed_source}")
+    elseif(version AND installed AND NOT installed STREQUAL version)
+      message(STATUS "Tandem: note: nvidia-nccl ${installed} is installed, but LibTorch was built against "
+                     "${version} (its pin); the header check uses the pin")
+    endif()
+  endif()
+  set(code "")
+  if(version)
+    if(NOT version MATCHES "^[0-9]+\\.[0-9]+\\.[0-9]+")
+      message(FATAL_ERROR "Tandem: TANDEM_LIBTORCH_NCCL_VERSION='${version}' is not X.Y.Z")
+    endif()
+    _tandem_nccl_version_code(code "${version}")
+  endif()
+  set(TANDEM_LIBTORCH_NCCL_VERSION "${version}" PARENT_SCOPE)
+  set(TANDEM_LIBTORCH_NCCL_VERSION_CODE "${code}" PARENT_SCOPE)
+  set(TANDEM_LIBTORCH_NCCL_SOURCE "${source}" PARENT_SCOPE)
+endfunction()
+
+# nccl.h: TANDEM_NCCL_INCLUDE_DIR if set; else, of the wheel's nvidia-nccl, the toolkit's and the
+# system's, the first whose version is LibTorch's; else the first found (the build then stops at
+# src/comm/nccl_header_check.cpp, which says what to do). Sets TANDEM_NCCL_INCLUDE_DIR and
+# TANDEM_NCCL_HEADER_VERSION.
+function(tandem_pick_nccl_header)
+  if(TANDEM_NCCL_INCLUDE_DIR AND EXISTS "${TANDEM_NCCL_INCLUDE_DIR}/nccl.h")
+    set(picked "${TANDEM_NCCL_INCLUDE_DIR}")
+  else()
+    get_filename_component(site "${TANDEM_TORCH_ROOT}/.." ABSOLUTE)
+    find_path(_tandem_system_nccl nccl.h)
+    set(first "")
+    set(picked "")
+    foreach(dir "${site}/nvidia/nccl/include" ${TANDEM_CUDA_INCLUDE_DIRS} ${_tandem_system_nccl})
+      _tandem_nccl_header_version(v "${dir}")
+      if(v AND NOT first)
+        set(first "${dir}")
+      endif()
+      if(v AND NOT picked AND TANDEM_LIBTORCH_NCCL_VERSION AND v VERSION_EQUAL TANDEM_LIBTORCH_NCCL_VERSION)
+        set(picked "${dir}")
+      endif()
+    endforeach()
+    if(NOT picked)
+      set(picked "${first}")
+    endif()
+  endif()
+  _tandem_nccl_header_version(v "${picked}")
+  if(picked AND TANDEM_LIBTORCH_NCCL_VERSION AND NOT v VERSION_EQUAL TANDEM_LIBTORCH_NCCL_VERSION)
+    message(WARNING "Tandem: no nccl.h of LibTorch's NCCL ${TANDEM_LIBTORCH_NCCL_VERSION} was found; "
+                    "${picked}/nccl.h is ${v}: the build stops at src/comm/nccl_header_check.cpp")
+  endif()
+  set(TANDEM_NCCL_INCLUDE_DIR "${picked}" PARENT_SCOPE)
+  set(TANDEM_NCCL_HEADER_VERSION "${v}" PARENT_SCOPE)
+endfunction()
+
 set(TANDEM_HAVE_CUDA OFF)
 if(NOT DEFINED TANDEM_WITH_CUDA)
   set(TANDEM_WITH_CUDA AUTO)
 endif()
 if(NOT TANDEM_WITH_CUDA STREQUAL "OFF" AND EXISTS "${_lib}/libtorch_cuda.so")
-  find_package(CUDAToolkit QUIET)
-  # NCCL's header: the wheel's nvidia-nccl package first (the version LibTorch runs), then the toolkit.
-  find_path(TANDEM_NCCL_INCLUDE_DIR nccl.h
-    HINTS "${TANDEM_TORCH_ROOT}/../nvidia/nccl/include" ${CUDAToolkit_INCLUDE_DIRS}
-    NO_DEFAULT_PATH)
-  if(CUDAToolkit_FOUND AND TANDEM_NCCL_INCLUDE_DIR)
-    set(TANDEM_HAVE_CUDA ON)
+  # The toolkit is the one whose nvcc is on PATH (symlinks resolved), wherever it lives, unless
+  # CUDAToolkit_ROOT says otherwise: FindCUDAToolkit alone looks in a few fixed places first.
+  if(NOT CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT})
+    find_program(TANDEM_NVCC nvcc)
+    if(TANDEM_NVCC)
+      get_filename_component(_nvcc "${TANDEM_NVCC}" REALPATH)
+      get_filename_component(_nvcc_bin "${_nvcc}" DIRECTORY)
+      get_filename_component(CUDAToolkit_ROOT "${_nvcc_bin}" DIRECTORY)
+    endif()
   endif()
-endif()
-if(TANDEM_WITH_CUDA STREQUAL "ON" AND NOT TANDEM_HAVE_CUDA)
-  message(FATAL_ERROR "Tandem: TANDEM_WITH_CUDA=ON but the CUDA toolkit, nccl.h or libtorch_cuda.so is missing")
-endif()
-
-if(TANDEM_HAVE_CUDA)
-  add_library(tandem::torch_cuda INTERFACE IMPORTED GLOBAL)
-  target_include_directories(tandem::torch_cuda SYSTEM INTERFACE
-    ${CUDAToolkit_INCLUDE_DIRS} "${TANDEM_NCCL_INCLUDE_DIR}")
-  target_compile_definitions(tandem::torch_cuda INTERFACE USE_CUDA USE_C10D_NCCL TANDEM_HAVE_CUDA=1)
-  # --no-as-needed: nothing of ours may reference libtorch_cuda directly, but loading it is what
-  # registers the CUDA kernels and allocator with the dispatcher.
+  find_package(CUDAToolkit QUIET)
+  set(TANDEM_CUDA_INCLUDE_DIRS ${CUDAToolkit_INCLUDE_DIRS})
+  if(NOT CUDAToolkit_FOUND AND TANDEM_WITH_CUDA STREQUAL "ON")
+    # Asked for explicitly: the CUDA runtime headers the wheel itself ships will do (nothing of
+    # ours is compiled by nvcc; LibTorch's headers need the runtime API's declarations only).
+    foreach(_dir "${CUDAToolkit_ROOT}/include" "${TANDEM_TORCH_ROOT}/../nvidia/cu13/include"
+                 "${TANDEM_TORCH_ROOT}/../nvidia/cuda_runtime/include")
+      if(NOT TANDEM_CUDA_INCLUDE_DIRS AND EXISTS "${_dir}/cuda_runtime_api.h")
+        get_filename_component(TANDEM_CUDA_INCLUDE_DIRS "${_dir}" ABSOLUTE)
+        message(STATUS "Tandem: no CUDA toolkit found; using the CUDA runtime headers in ${TANDEM_CUDA_INCLUDE_DIRS}")
+      endif()
+    endforeach()
+  endif()
+  tandem_libtorch_nccl_version()
+  tandem_pick_nccl_header()
   # The CUDA runtime LibTorch itself loads (the wheel's nvidia-cuda-runtime), else the toolkit's.
   find_library(TANDEM_CUDART_LIBRARY NAMES libcudart.so.13 libcudart.so.12 cudart
     HINTS "${TANDEM_TORCH_ROOT}/../nvidia/cu13/lib" "${TANDEM_TORCH_ROOT}/../nvidia/cuda_runtime/lib"
     NO_DEFAULT_PATH)
+  if(TANDEM_CUDA_INCLUDE_DIRS AND TANDEM_NCCL_INCLUDE_DIR AND (TANDEM_CUDART_LIBRARY OR CUDAToolkit_FOUND))
+    set(TANDEM_HAVE_CUDA ON)
+  endif()
+endif()
+if(TANDEM_WITH_CUDA STREQUAL "ON" AND NOT TANDEM_HAVE_CUDA)
+  message(FATAL_ERROR "Tandem: TANDEM_WITH_CUDA=ON but the CUDA toolkit (nvcc on PATH, or CUDAToolkit_ROOT), "
+                      "nccl.h or libtorch_cuda.so is missing")
+endif()
+
+if(TANDEM_HAVE_CUDA)
+  add_library(tandem::torch_cuda INTERFACE IMPORTED GLOBAL)
+  # nccl.h's folder before the toolkit's: a toolkit may ship an nccl.h of another version.
+  target_include_directories(tandem::torch_cuda SYSTEM INTERFACE
+    "${TANDEM_NCCL_INCLUDE_DIR}" ${TANDEM_CUDA_INCLUDE_DIRS})
+  target_compile_definitions(tandem::torch_cuda INTERFACE USE_CUDA USE_C10D_NCCL TANDEM_HAVE_CUDA=1)
+  # --no-as-needed: nothing of ours may reference libtorch_cuda directly, but loading it is what
+  # registers the CUDA kernels and allocator with the dispatcher.
   if(NOT TANDEM_CUDART_LIBRARY)
     set(TANDEM_CUDART_LIBRARY CUDA::cudart)
   endif()
@@ -89,3 +221,15 @@ if(TANDEM_HAVE_CUDA)
     ${TANDEM_CUDART_LIBRARY} tandem::torch)
 endif()
 message(STATUS "Tandem: LibTorch ${TANDEM_TORCH_VERSION} at ${TANDEM_TORCH_ROOT}; CUDA/NCCL path: ${TANDEM_HAVE_CUDA}")
+if(TANDEM_HAVE_CUDA)
+  message(STATUS "Tandem: CUDA headers ${TANDEM_CUDA_INCLUDE_DIRS}; nccl.h ${TANDEM_NCCL_HEADER_VERSION} "
+                 "from ${TANDEM_NCCL_INCLUDE_DIR}")
+  if(TANDEM_LIBTORCH_NCCL_VERSION)
+    message(STATUS "Tandem: LibTorch's NCCL ${TANDEM_LIBTORCH_NCCL_VERSION} (${TANDEM_LIBTORCH_NCCL_SOURCE}): "
+                   "checked against nccl.h at compile time")
+  else()
+    message(STATUS "Tandem: LibTorch's NCCL version unknown (no torch dist-info beside ${TANDEM_TORCH_ROOT}: "
+                   "a plain LibTorch download?): the nccl.h version check is skipped; "
+                   "-DTANDEM_LIBTORCH_NCCL_VERSION=X.Y.Z turns it on")
+  endif()
+endif()
