@@ -56,12 +56,15 @@ std::vector<Measurement> measurements(const BenchConfig& config, bool with_peers
     if (with_peers) add("pytorch", model, "single", 1);
     for (const auto& strategy : config.strategies) {
       for (int world : config.worlds) {
-        if (strategy == "single" || world == 1) continue;  // a wrapper over one device is the baseline plus overhead
+        // A wrapper over one device is the baseline plus overhead: measured only when asked for
+        // (--at-world-one, e.g. a GPU check of each wrapper's cost on one device).
+        if (strategy == "single" || (world == 1 && !config.at_world_one)) continue;
         add("tandem", model, strategy, world);
         if (with_peers) add("pytorch", model, peer_strategy(strategy), world);
         if (strategy == "ddp" || strategy == "accelerate") {  // the Accelerator's rows carry DDP's figures
           add("tandem", model, "ddp", world);
           if (with_peers) add("pytorch", model, "ddp", world);
+          if (world == 1) continue;  // one device: no communication to expose, no bus to measure
           add("tandem", model, "ddp-no-sync", world);
           if (with_peers) add("pytorch", model, "ddp-no-sync", world);
           add("tandem", model, "allreduce", world);

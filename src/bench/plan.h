@@ -28,6 +28,7 @@ struct BenchConfig {
   std::string link_intra = "measured", link_inter = "ib100";
   std::vector<std::string> backends{"gloo"};  // --backends: CPU collectives' engines (Note [Backends])
   bool sweep = false;                      // --sweep: the all-reduce sweep at every world above one
+  bool at_world_one = false;               // --at-world-one: every strategy at world 1 too (one device)
   int64_t sweep_min_bytes = 4096, sweep_max_bytes = int64_t{64} << 20;  // float32 buffers, x4 apart
 };
 
@@ -57,7 +58,8 @@ struct Measurement {
 };
 
 /// What runs once per repeat. Single runs at world 1, always (the baseline every ratio divides
-/// by); the other strategies at each world above 1; DDP's no-sync twin and the bucketed all-reduce support the exposed-communication and
+/// by); the other strategies at each world above 1 (and at 1 with `at_world_one`, without the
+/// supporting no-sync and all-reduce runs, which have nothing to expose on one device); DDP's no-sync twin and the bucketed all-reduce support the exposed-communication and
 /// bus-bandwidth columns; the PyTorch peers mirror ours when `with_peers`. `sweep` (once, not
 /// repeated, at the smallest world above one) is added by plan() when a projection was asked for.
 /// Tandem's multi-process measurements run once per backend of `config.backends`; the PyTorch

@@ -259,6 +259,8 @@ Command add_bench_command(CLI::App& app, int argc, char** argv) {
   sub->add_option("--backends", flags->backends,
                   "CPU collectives of Tandem's multi-process runs: gloo, mpi or gloo,mpi (PyTorch's always Gloo)")
       ->capture_default_str();
+  sub->add_flag("--at-world-one", config->at_world_one,
+                "Also measure each strategy at world 1 when --nproc has 1 (one device: the wrapper's own cost)");
   sub->add_flag("--sweep", config->sweep, "Add an all-reduce sweep at every world above one, on every backend");
   sub->add_option("--sweep-min-bytes", config->sweep_min_bytes, "Smallest all-reduce of the sweep (x4 up to the largest)")
       ->capture_default_str();

@@ -38,6 +38,23 @@ TEST(Plan, EachStrategyWithItsBaselineSupportAndPeer) {
   EXPECT_TRUE(std::none_of(alone.begin(), alone.end(), [](const Measurement& m) { return m.impl == "pytorch"; }));
 }
 
+TEST(Plan, AtWorldOneMeasuresEachStrategyOnOneDeviceWithoutItsSupport) {
+  BenchConfig config;
+  config.models = {"small"};
+  config.strategies = {"ddp"};
+  config.worlds = {1};
+  EXPECT_EQ(measurements(config, /*with_peers=*/true).size(), 2u);  // the baseline alone, by default
+  config.at_world_one = true;
+  const auto ms = measurements(config, /*with_peers=*/true);
+  for (const char* impl : {"tandem", "pytorch"}) {
+    EXPECT_TRUE(contains(ms, {impl, "small", "single", 1})) << impl;
+    EXPECT_TRUE(contains(ms, {impl, "small", "ddp", 1})) << impl;
+  }
+  EXPECT_EQ(ms.size(), 4u);  // no no-sync or all-reduce runs on one device
+  config.worlds = {1, 2};
+  EXPECT_TRUE(contains(measurements(config, true), {"tandem", "small", "allreduce", 2}));
+}
+
 TEST(Plan, TheAcceleratorBringsTheDdpRunsItsFiguresComeFrom) {
   BenchConfig config;
   config.models = {"small"};
