@@ -10,6 +10,10 @@ namespace tandem::comm::detail {
 #ifdef TANDEM_HAVE_CUDA
 bool nccl_compiled() { return true; }
 
+bool is_nccl_work(const c10d::Work& work) {
+  return dynamic_cast<const c10d::ProcessGroupNCCL::WorkNCCL*>(&work) != nullptr;
+}
+
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size, int device,
                                                     std::chrono::milliseconds timeout) {
@@ -25,6 +29,8 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 }
 #else
 bool nccl_compiled() { return false; }
+
+bool is_nccl_work(const c10d::Work&) { return false; }
 
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&, int, int, int,
                                                     std::chrono::milliseconds) {

@@ -5,11 +5,15 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 namespace tandem::comm::detail {
 
 /// Whether this build has the NCCL path.
 bool nccl_compiled();
+
+/// Whether `work` is a ProcessGroupNCCL work (waited in stream order: Note [Stream-ordered waits]).
+bool is_nccl_work(const c10d::Work& work);
 
 /// Makes cuda:`device` the current device, then creates the NCCL backend bound to it (Note
 /// [Device binding]). Communicators are created at the first CUDA collective, as in PyTorch

@@ -260,7 +260,7 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
   // with TORCH_NCCL_BLOCKING_WAIT=1 wait() blocks and throws, and the error is named here as on
   // CPU. A host wait with a timeout would block the CPU on every bucket, and in c10d >= 2.5 it
   // polls the CUDA event in a busy loop. CPU backends have no watchdog: there wait() is the timeout.
-  const bool cuda = call && call->device_type == static_cast<int64_t>(c10::DeviceType::CUDA);
+  const bool cuda = detail::is_nccl_work(*work);  // asked of the work: a call may be unremembered
   try {
     if (cuda) {
       work->wait();

@@ -1,6 +1,7 @@
 #include "tandem/ddp/comm_hook.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 
 namespace tandem::ddp {
@@ -16,7 +17,15 @@ class AllReduceInFlight : public PendingReduction {
   at::Tensor wait() override {
     pg_.wait(work_, "DDP gradient all_reduce of " + std::to_string(tensor_.numel()) + " " +
                         std::string(c10::toString(tensor_.scalar_type())));
-    return finish_ ? finish_(tensor_) : tensor_;
+    at::Tensor result = finish_ ? finish_(tensor_) : tensor_;
+    // On CUDA the finish (and the reducer's copy of the result) is queued on the current stream,
+    // which need not be the stream `tensor_` was allocated on (a hook's compressed copy is made
+    // on the gradient's stream): its memory must not be handed out again before that work runs.
+    if (tensor_.is_cuda()) {
+      const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+      cuda.recordDataPtrOnStream(tensor_.storage().data_ptr(), cuda.getStream(tensor_.device()));
+    }
+    return result;
   }
 
  private:

@@ -304,7 +304,9 @@ TEST(DdpGpu, OraclesOnCuda) {
                   W(), diff, v.tolerance, static_cast<unsigned long long>(collectives));
       EXPECT_LE(diff, v.tolerance) << v.name << " " << opt;
       // A hook always reduces, even in a world of one: that is how a single GPU reaches NCCL.
-      if (v.hook != Hook::None || W() > 1) EXPECT_GE(collectives, static_cast<uint64_t>(kSteps)) << v.name;
+      if (v.hook != Hook::None || W() > 1) {
+        EXPECT_GE(collectives, static_cast<uint64_t>(kSteps)) << v.name;
+      }
     }
   }
   g_device = c10::Device(c10::kCPU);
@@ -348,10 +350,14 @@ TEST(DdpGpu, NoDeviceAllocationPerGradient) {
   auto plain_params = plain->parameters();
   const double without_ddp = per_step(plain, plain_params);
   DistributedDataParallel ddp_model(build(), test::shared_pg());
+  // A world of one without a hook has no buckets (Note [World of one]): the allreduce hook makes
+  // it copy every gradient into its bucket and reduce through NCCL, as N ranks do without the
+  // pre-division, which only N >= 2 ranks reach (gpu.ddp.ranks2).
+  if (W() == 1) ddp_model->register_comm_hook(ddp::allreduce_hook(test::shared_pg()));
   auto ddp_params = ddp_model->parameters();
   const double with_ddp = per_step(ddp_model, ddp_params);
-  std::printf("cuda allocations per step on %d ranks: %.1f without DDP, %.1f with DDP (%d parameters)\n", W(),
-              without_ddp, with_ddp, 2 * kLayers);
+  std::printf("cuda allocations per step on %d ranks: %.1f without DDP, %.1f with DDP %s (%d parameters)\n", W(),
+              without_ddp, with_ddp, W() == 1 ? "and the allreduce hook" : "(pre-division)", 2 * kLayers);
   EXPECT_LT(with_ddp - without_ddp, kLayers) << "the reducer allocates on the device per gradient";
 }
 #endif
