@@ -7,8 +7,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <random>
+#include <utility>
 
 #include "tandem/error.h"
 
@@ -79,15 +82,59 @@ int listen_on(const std::string& host, int port) {
   throw Error("cannot listen on " + where + ": " + std::strerror(last_errno));
 }
 
-int pick_free_port(const std::string& host) {
-  Fd fd(listen_on(host, 0));
+namespace {
+
+// The kernel's ephemeral range: ports it hands out by itself (to connect() and to bind(port 0)).
+std::pair<int, int> ephemeral_ports() {
+  int low = 32768, high = 60999;  // Linux's default
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int a = 0, b = 0;
+    if (std::fscanf(f, "%d %d", &a, &b) == 2 && a > 0 && b >= a) {
+      low = a;
+      high = b;
+    }
+    std::fclose(f);
+  }
+  return {low, high};
+}
+
+int bound_port(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
-  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     throw Error(std::string("getsockname failed: ") + std::strerror(errno));
   }
   return addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
                                     : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
+}  // namespace
+
+// Note [Free port]
+// The port is released here and bound again by rank 0 a second later, after LibTorch has loaded.
+// A port from the kernel's ephemeral range can be taken in between by any process's outgoing
+// connection or bind(port 0) — Open MPI alone opens dozens — so the port is drawn at random below
+// that range (20000 and up, torchrun's default 29500 area left out), where only an explicit bind
+// can take it. Only when the ephemeral range leaves no such room does the kernel choose.
+int pick_free_port(const std::string& host) {
+  const int below = ephemeral_ports().first;
+  constexpr int kLowest = 20000, kTorchrunLow = 29400, kTorchrunHigh = 29600;
+  if (below - kLowest >= 2000) {
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_int_distribution<int> draw(kLowest, below - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const int port = draw(rng);
+      if (port >= kTorchrunLow && port < kTorchrunHigh) continue;
+      try {
+        Fd fd(listen_on(host, port));
+        return port;
+      } catch (const Error&) {
+        // taken (or not bindable here): draw again
+      }
+    }
+  }
+  Fd fd(listen_on(host, 0));
+  return bound_port(fd.get());
 }
 
 bool port_is_free(const std::string& host, int port) {

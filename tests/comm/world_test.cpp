@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -355,3 +357,23 @@ TEST_P(BusyPort, SaysWhatToDoInBothCases) {
 
 INSTANTIATE_TEST_SUITE_P(Rendezvous, BusyPort, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "MultiNode" : "OneHost"; });
+
+// Note [Free port]: below the ephemeral range, where no outgoing connection can take it, and free.
+TEST(FreePort, IsDrawnBelowTheKernelsEphemeralRange) {
+  int low = 32768, high = 60999;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    ASSERT_EQ(std::fscanf(f, "%d %d", &low, &high), 2);
+    std::fclose(f);
+  }
+  if (low - 20000 < 2000) GTEST_SKIP() << "the ephemeral range starts at " << low << ": no room below it";
+  std::set<int> seen;
+  for (int i = 0; i < 20; ++i) {
+    const int port = tandem::comm::pick_free_port();
+    EXPECT_GE(port, 20000);
+    EXPECT_LT(port, low);
+    EXPECT_FALSE(port >= 29400 && port < 29600) << port << " is in torchrun's default area";
+    EXPECT_TRUE(tandem::comm::port_is_free("127.0.0.1", port));
+    seen.insert(port);
+  }
+  EXPECT_GT(seen.size(), 10u) << "drawn at random, not the same few ports";
+}

@@ -16,7 +16,8 @@ int listen_on(const std::string& host, int port);
 /// port, and when a launcher (torchrun) already serves the store there.
 std::string busy_port_message(const std::string& where);
 
-/// A port that was free on `host` a moment ago (bind to port 0, read it back, close).
+/// A port that was free on `host` a moment ago, drawn below the kernel's ephemeral range so that
+/// no outgoing connection can take it before rank 0 binds it (Note [Free port] in net.cpp).
 int pick_free_port(const std::string& host = "127.0.0.1");
 
 /// Whether host:port can be bound now. Used to fail early with a clear message.
