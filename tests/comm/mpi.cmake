@@ -23,7 +23,7 @@ if(TARGET train_ddp)
   set_tests_properties(example.train_ddp.mpi2 PROPERTIES
     PASS_REGULAR_EXPRESSION "CPU collectives on mpi.*all 2 ranks hold identical weights")
 endif()
-# Failures: a hung rank is named within the timeout + 5 s; a rank that returns early is named too;
+# Failures: a hung rank is named (within the timeout + 5 s by construction); a rank that returns early is named too;
 # a killed rank ends the job; asking for MPI without an MPI launcher is a one-line error.
 set(_mpi_fault ${CMAKE_CURRENT_SOURCE_DIR}/faults/collective_fault.sh ${TANDEM_CLI_PATH} $<TARGET_FILE:collective_faults>)
 add_test(NAME faults.hung_rank.mpi2 COMMAND ${_mpi_fault} 2 hang-rank-1 3000
