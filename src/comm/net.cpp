@@ -11,7 +11,6 @@
 #include <cstring>
 #include <memory>
 #include <random>
-#include <utility>
 
 #include "tandem/error.h"
 
@@ -84,18 +83,16 @@ int listen_on(const std::string& host, int port) {
 
 namespace {
 
-// The kernel's ephemeral range: ports it hands out by itself (to connect() and to bind(port 0)).
-std::pair<int, int> ephemeral_ports() {
-  int low = 32768, high = 60999;  // Linux's default
+// Where the kernel's ephemeral range starts: the ports it hands out by itself (to connect() and
+// to bind(port 0)) are from there up.
+int ephemeral_ports_start() {
+  int low = 32768;  // Linux's default
   if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    int a = 0, b = 0;
-    if (std::fscanf(f, "%d %d", &a, &b) == 2 && a > 0 && b >= a) {
-      low = a;
-      high = b;
-    }
+    int a = 0;
+    if (std::fscanf(f, "%d", &a) == 1 && a > 0) low = a;
     std::fclose(f);
   }
-  return {low, high};
+  return low;
 }
 
 int bound_port(int fd) {
@@ -117,7 +114,7 @@ int bound_port(int fd) {
 // that range (20000 and up, torchrun's default 29500 area left out), where only an explicit bind
 // can take it. Only when the ephemeral range leaves no such room does the kernel choose.
 int pick_free_port(const std::string& host) {
-  const int below = ephemeral_ports().first;
+  const int below = ephemeral_ports_start();
   constexpr int kLowest = 20000, kTorchrunLow = 29400, kTorchrunHigh = 29600;
   if (below - kLowest >= 2000) {
     std::mt19937 rng(std::random_device{}());

@@ -1,8 +1,8 @@
 #include "tandem/ddp/comm_hook.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "common/record_stream.h"
 
 namespace tandem::ddp {
 namespace {
@@ -21,10 +21,7 @@ class AllReduceInFlight : public PendingReduction {
     // On CUDA the finish (and the reducer's copy of the result) is queued on the current stream,
     // which need not be the stream `tensor_` was allocated on (a hook's compressed copy is made
     // on the gradient's stream): its memory must not be handed out again before that work runs.
-    if (tensor_.is_cuda()) {
-      const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
-      cuda.recordDataPtrOnStream(tensor_.storage().data_ptr(), cuda.getStream(tensor_.device()));
-    }
+    tandem::detail::record_on_current_stream(tensor_);
     return result;
   }
 

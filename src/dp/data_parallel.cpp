@@ -21,6 +21,7 @@
 #include "tandem/comm/cuda_info.h"
 #include "tandem/comm/process_group.h"
 #include "common/ready_hook.h"
+#include "common/record_stream.h"
 #include "tandem/error.h"
 
 namespace tandem::dp::detail {
@@ -145,14 +146,6 @@ class CallerStreams {
   std::vector<c10::Stream> streams_;
 };
 
-// `t` was read by work queued on its device's current stream: the caching allocator must not
-// reuse its memory before that work is done (a no-op on the stream it was allocated on).
-void record_on_current_stream(const at::Tensor& t) {
-  if (!t.is_cuda() || t.layout() != c10::kStrided || !t.has_storage()) return;
-  const c10::impl::VirtualGuardImpl impl(t.device().type());
-  impl.recordDataPtrOnStream(t.storage().data_ptr(), impl.getStream(t.device()));
-}
-
 // Makes `waiter` wait for the work queued so far on `done` (nothing when they are one stream).
 void order_after(const c10::Stream& waiter, const c10::Stream& done) {
   if (waiter == done) return;
@@ -189,7 +182,7 @@ class ReduceToPrimary final : public torch::autograd::Node {
       for (auto& g : grads) {
         if (!g.defined()) continue;
         at::Tensor here = g.to(destination_);
-        if (!here.is_same(g)) record_on_current_stream(g);  // the copy read it on this stream
+        if (!here.is_same(g)) tandem::detail::record_on_current_stream(g);  // the copy read it on this stream
         if (sum.defined()) {
           sum.add_(here);
         } else {
@@ -321,7 +314,7 @@ void DpCore::reduce_gradients() {
       }
       at::Tensor& total = primary_params[i].mutable_grad();
       at::Tensor here = g.to(primary_params[i].device());
-      if (!here.is_same(g)) record_on_current_stream(g);  // the copy read it on this stream; g is freed below
+      if (!here.is_same(g)) tandem::detail::record_on_current_stream(g);  // the copy read it on this stream; g is freed below
       if (total.defined()) {
         total.add_(here);
       } else {
