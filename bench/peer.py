@@ -12,6 +12,7 @@ cannot run here. Rank 0 appends one JSON line to --out (or prints it); every ran
 Bad flags: one line on stderr, exit 2.
 """
 import argparse
+import gc
 import json
 import os
 import resource
@@ -128,8 +129,46 @@ if __name__ == "__main__":
 # ---- the models (bench/workloads.h) ---------------------------------------------------------------
 
 import torch  # noqa: E402
+import torch.distributed.nn  # noqa: E402,F401  before any process group: Note [Gloo threads at exit]
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+# Note [Gloo threads at exit]
+# The peer once failed one run in two under `ctest -j2` (issue 18): both ranks of an accelerate
+# measurement aborted with "terminate called without an active exception" after writing their
+# record. The core dump shows the crash in a Gloo worker thread (pt_gloo_runloop) during
+# Py_FinalizeEx: it dropped the last reference to a finished barrier, whose prior all-gather held a
+# tensor whose Python object the tensor owned; freeing it takes the GIL, a finalizing interpreter
+# ends such a thread with pthread_exit, and the forced unwind through a noexcept destructor calls
+# std::terminate. The thread was alive because the process group was never freed:
+# torch.distributed.nn.functional binds `group=group.WORLD` as a default argument of ten functions,
+# evaluated when the module is first imported. DDP's constructor imports it (through
+# torch._dynamo); after init_process_group that pins the default group forever, so
+# destroy_process_group leaves its threads running until exit, and under load the worker's
+# release lags behind the main thread's exit. Imported before any process group exists, the
+# defaults are None. Every path then frees what holds the group (the DDP model, accelerate's
+# prepared objects) before destroying it, and the exit checks that no Gloo thread is left.
+
+
+def gloo_threads():
+    """Gloo's worker threads alive in this process (by their name, pt_gloo_runloop)."""
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                count += f.read().strip() == "pt_gloo_runloop"
+        except OSError:  # the thread ended meanwhile
+            pass
+    return count
+
+
+def end_process_group():
+    """Destroys the default process group; its last references must already be gone, so that
+    its Gloo threads are joined now, while the interpreter is whole (Note [Gloo threads at exit])."""
+    gc.collect()  # a DDP model in a reference cycle still holds the group
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    gc.collect()
 
 
 def mlp_dims(scale):
@@ -353,11 +392,9 @@ class Measurement:
             else:  # alone, as a world of one (the Tandem worker does the same)
                 dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         try:
-            result = self.measure()
-            self.report(result)
+            self.report(self.measure())  # measure's model is freed when it returns
         finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            end_process_group()
         return 0
 
     def device(self):
@@ -443,11 +480,27 @@ class Measurement:
         except ValueError as e:
             return self.emit_unsupported(f"accelerate {accelerate.__version__}: {e}")
         torch.set_num_threads(a.threads)  # accelerate sets its own when OMP_NUM_THREADS is unset
-        if a.precision != "fp32" and not acc.native_amp:
-            # accelerate accepts fp16 on CPU but then neither autocasts nor scales: it would run fp32.
-            return self.emit_unsupported(
-                f"accelerate {accelerate.__version__} on {acc.device.type} accepts mixed_precision='{mixed}' "
-                "but neither autocasts nor scales the loss: it would run fp32")
+        try:
+            if a.precision != "fp32" and not acc.native_amp:
+                # accelerate accepts fp16 on CPU but then neither autocasts nor scales: it would run fp32.
+                return self.emit_unsupported(
+                    f"accelerate {accelerate.__version__} on {acc.device.type} accepts mixed_precision='{mixed}' "
+                    "but neither autocasts nor scales the loss: it would run fp32")
+            result = self.measure_accelerate(acc)
+            mine = self.my_numbers(result)
+            gathered = acc.gather(mine.to(acc.device)).cpu().view(-1, mine.numel()) if self.world > 1 else mine.view(1, -1)
+            if acc.is_main_process:
+                emit(a, self.record(result, gathered))
+            acc.wait_for_everyone()
+        finally:
+            acc.free_memory()  # its prepared model holds the process group (Note [Gloo threads at exit])
+            acc.end_training()
+            end_process_group()
+        return 0
+
+    def measure_accelerate(self, acc):
+        """The timed loop on accelerate's prepared model and optimizer, which are dropped on return."""
+        a = self.a
         net, params, grad_bytes, x, y = self.setup()
         model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
         x, y = x.to(acc.device), y.to(acc.device)
@@ -466,14 +519,7 @@ class Measurement:
 
         loop.run(step)
         buckets = ddp_buckets(model) if isinstance(model, nn.parallel.DistributedDataParallel) else 0
-        result = dict(loop=loop, params=params, grad_bytes=grad_bytes, buckets=buckets, devices=None)
-        mine = self.my_numbers(result)
-        gathered = acc.gather(mine.to(acc.device)).cpu().view(-1, mine.numel()) if self.world > 1 else mine.view(1, -1)
-        if acc.is_main_process:
-            emit(a, self.record(result, gathered))
-        acc.wait_for_everyone()
-        acc.end_training()
-        return 0
+        return dict(loop=loop, params=params, grad_bytes=grad_bytes, buckets=buckets, devices=None)
 
     def my_numbers(self, result):
         if self.cuda:
@@ -528,5 +574,20 @@ def main(argv=None):
     return Measurement(a, rank, world).run()
 
 
+def exit_without_gloo_threads(status):
+    """Exits with STATUS. Should a Gloo thread still run (a process group something kept alive
+    despite end_process_group), says so in one line and leaves without the interpreter's
+    finalization, where such a thread can abort the process (Note [Gloo threads at exit]);
+    bench.worker.records fails on that line."""
+    left = gloo_threads()
+    if left:
+        sys.stderr.write(f"peer.py: {left} Gloo worker thread(s) outlived destroy_process_group; leaving through "
+                         "os._exit (Note [Gloo threads at exit])\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_gloo_threads(main())

@@ -4,11 +4,13 @@
 # parameters (bit patterns), the RNG draws and the samples each rank consumed must be identical.
 set -eu
 tandem="$1"; binary="$2"; nproc="$3"; k="$4"; python="${5:-}"
-work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/../support/logs.sh"
+scratch_dir work  # tests/support/logs.sh: the logs are printed on failure
 # K batches end in the second epoch, mid-epoch, on a synchronising batch (accumulation is 2)
 export RESUME_K="$k" RESUME_DIR="$work/checkpoints"
-run() { RESUME_OUT="$work/$1" "$tandem" run --nproc-per-node "$nproc" -- "$binary" "--scenario=resume-phase-$2" >"$work/$1.log" 2>&1 \
-          || { cat "$work/$1.log"; echo "FAIL: phase $2 failed"; exit 1; }; }
+# A phase that fails or hangs (bounded: the trap then prints its log, ctest's kill would not).
+run() { RESUME_OUT="$work/$1" timeout -k 5 300 "$tandem" run --nproc-per-node "$nproc" -- "$binary" "--scenario=resume-phase-$2" \
+          >"$work/$1.log" 2>&1 || { echo "FAIL: phase $2 failed (exit $?)"; exit 1; }; }
 run straight 0
 run first_half 1
 ls "$RESUME_DIR"
@@ -18,7 +20,8 @@ for ((r = 0; r < nproc; ++r)); do
   straight="$work/straight.rank$r"; first="$work/first_half.rank$r"; second="$work/second_half.rank$r"
   # parameters and RNG of the resumed run = the straight run's
   if ! diff <(head -2 "$straight") <(head -2 "$second") >/dev/null; then
-    echo "FAIL: rank $r: parameters or RNG state differ after resume"; status=1
+    echo "FAIL: rank $r: parameters or RNG state differ after resume; the first differing words (< straight, > resumed):"
+    diff <(head -2 "$straight" | tr ' ' '\n') <(head -2 "$second" | tr ' ' '\n') | head -n 12; status=1
   fi
   # samples: first half followed by second half = straight
   joined="$(sed -n 3p "$first" | cut -d' ' -f2-) $(sed -n 3p "$second" | cut -d' ' -f2-)"

@@ -137,7 +137,10 @@ def main():
 
     # (c) A checkpoint folder, verified with Python's zlib.
     root = os.path.join(work, "ckpt")
-    out = subprocess.run([tool, "write-checkpoint", root], check=True, capture_output=True, text=True).stdout.strip()
+    result = subprocess.run([tool, "write-checkpoint", root], capture_output=True, text=True)
+    sys.stderr.write(result.stderr)  # what the tool said, were it to fail
+    expect(result.returncode == 0, f"(c) write-checkpoint failed (exit {result.returncode})")
+    out = result.stdout.strip()
     expect(out == os.path.join(root, "checkpoint_000042"), f"(c) committed {out!r}")
     expect(sorted(os.listdir(root)) == ["checkpoint_000042"], f"(c) the root holds {sorted(os.listdir(root))}")
     with open(os.path.join(out, "manifest.json")) as f:

@@ -6,7 +6,8 @@
 # threshold here.
 set -euo pipefail
 tandem="$1"; python="$2"
-out="$(mktemp -d)"; trap 'rm -rf "$out"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/../support/logs.sh"
+scratch_dir out  # on failure, every measurement's log is printed before the folder goes
 models=(small medium large)
 strategies=(single dp-replicate dp-persistent ddp accelerate)
 
@@ -75,12 +76,7 @@ if command -v mpirun > /dev/null; then
   elif grep -q "has no MPI backend" "$out/mpi.log"; then
     echo "bench_smoke: --backends mpi skipped: this build has no MPI backend"
   else
-    cat "$out/mpi.log"
-    # The failed measurements' own logs say why (the run's folder is removed at exit).
-    for log in $(grep -o 'FAILED: .*; log: [^ ]*' "$out/mpi.log" | sed 's/.*; log: //'); do
-      echo "=== $log"; tail -n 30 "$log"
-    done
-    echo "FAIL: tandem bench --backends gloo,mpi"; exit 1
+    echo "FAIL: tandem bench --backends gloo,mpi"; exit 1  # the logs follow (scratch_dir)
   fi
 fi
 echo "bench_smoke: ok ($(grep -cE '^\| [^|]* \| (Tandem|PyTorch|HF)' "$out/run/results.md") rows)"

@@ -6,7 +6,8 @@
 # few precisions. Then PYTHON judges the records: each parses and has the fields of
 # "tandem-bench-run/1"; every run exits 0, the unsupported ones with exactly the unsupported
 # record; Tandem's and PyTorch's "params" and "grad_bytes" are equal for each model (the two
-# definitions of a model match); bad flags exit 2 with one line on stderr.
+# definitions of a model match); bad flags exit 2 with one line on stderr; no peer ends with Gloo
+# threads alive (they can abort it at exit: bench/peer.py, Note [Gloo threads at exit]).
 # Exit 77 (ctest: skipped) only when PYTHON cannot import torch.
 set -u
 cli="$1"; worker="$2"; peer="$3"; python="$4"
@@ -14,8 +15,8 @@ if ! "$python" -c "import torch" 2>/dev/null; then
   echo "SKIPPED: $python cannot import torch (scripts/setup installs the torch wheel into .venv)"
   exit 77
 fi
-dir="$(mktemp -d)"
-trap 'rm -rf "$dir"' EXIT
+source "$(dirname "$0")/../support/logs.sh"
+scratch_dir dir  # on failure every measurement's log is printed (a rejected record's included)
 export OMP_NUM_THREADS=1
 common=(--scale tiny --steps 2 --warmup 1 --batch-size 2 --threads 1 --sweep-max-bytes 16384)
 n=0
@@ -27,10 +28,11 @@ run() {
   n=$((n + 1))
   local cmd=("$worker")
   [[ "$impl" == pytorch ]] && cmd=("$python" "$peer")
-  if ! "$cli" run --nproc-per-node "$nproc" -- "${cmd[@]}" --model "$model" --strategy "$strategy" \
+  # Bounded (a few seconds each here): a hang fails this measurement with its log, not the test.
+  if ! timeout -k 5 120 "$cli" run --nproc-per-node "$nproc" -- "${cmd[@]}" --model "$model" --strategy "$strategy" \
       "${common[@]}" "$@" --out "$dir/$n.jsonl" >"$dir/$n.log" 2>&1; then
-    echo "FAILED (exit $?): $impl nproc $nproc $model $strategy $*"
-    tail -n 20 "$dir/$n.log"
+    echo "FAILED (exit $?): #$n $impl nproc $nproc $model $strategy $*"
+    show_log "$dir/$n.log"
     failed=1
   fi
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$impl" "$nproc" "$model" "$strategy" "$*" >>"$dir/plan.tsv"
@@ -69,6 +71,12 @@ run tandem 1 large accelerate --precision bf16
 run pytorch 1 large accelerate --precision fp16
 run tandem 1 medium dp-persistent --precision bf16 --replicas 2
 echo "$n measurements in $((SECONDS - start)) s"
+
+# No peer process ends with Gloo threads running: they can abort it in the interpreter's
+# finalization, at random, under load (bench/peer.py, Note [Gloo threads at exit]).
+if grep -l "outlived destroy_process_group" "$dir"/*.log; then
+  echo "FAILED: a peer ended with Gloo worker threads alive (the logs above)"; failed=1
+fi
 
 # Bad flags: one line on stderr, exit 2.
 for cmd in "$worker" "$python $peer"; do

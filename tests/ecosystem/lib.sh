@@ -1,10 +1,8 @@
 # Helpers for the real-launcher tests (sourced). Each test prints what the launcher printed, the
 # exit status and the time it took, then checks them.
+source "$(dirname "${BASH_SOURCE[0]}")/../support/logs.sh"  # show_log, scratch_dir, on_exit
+source "$(dirname "${BASH_SOURCE[0]}")/../support/free_port.sh"  # below the ephemeral range
 
-# free_port PYTHON: a TCP port on 127.0.0.1 that was free a moment ago (bind to 0, read it back).
-free_port() {
-  "$1" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 
 # parse_expect ARGS...: reads leading `--expect REGEX` pairs into the array `expect`; the
 # arguments after `--` are left in the array `command`.
@@ -25,7 +23,7 @@ expect_success() {
   timeout --kill-after=5 "$limit" "$@" > "$out" 2>&1
   local rc=$?
   local elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  tail -n 60 "$out"
+  tail -n 60 "$out"  # the whole of it when a check below fails
   echo "ecosystem: exit $rc after ${elapsed_ms} ms (limit ${limit} s)"
   local ok=1
   if [[ $rc -eq 124 || $rc -eq 137 ]]; then echo "FAIL: the command hung (killed after ${limit} s)"; ok=0
@@ -34,6 +32,7 @@ expect_success() {
   for re in "${expect[@]}"; do
     grep -Eq -- "$re" "$out" || { echo "FAIL: no line matches: $re"; ok=0; }
   done
+  [[ $ok -eq 1 ]] || show_log "$out"
   rm -f "$out"
   [[ $ok -eq 1 ]] && { echo "ecosystem: ok"; return 0; }
   return 1

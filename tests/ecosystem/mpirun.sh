@@ -11,11 +11,10 @@ source "$(dirname "$0")/lib.sh"
 mode="$1"; shift
 parse_expect "$@"
 mpirun="$(command -v mpirun)" || { echo "SKIPPED: no mpirun on PATH (Debian: openmpi-bin; scripts/setup installs it)"; exit 77; }
-python="$(command -v python3)" || { echo "FAIL: python3 is needed to pick a free port"; exit 1; }
 launcher=("$mpirun" --allow-run-as-root --oversubscribe -np 2)
 case "$mode" in
   ok)
-    port="$(free_port "$python")" || exit 1
+    port="$(free_port)" || exit 1
     expect_success 50 "${launcher[@]}" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" "${command[@]}" ;;
   no-master-addr)
     exec "$(dirname "$0")/../expect_failure.sh" 30 "${expect[0]}" env -u MASTER_ADDR -u MASTER_PORT \

@@ -16,7 +16,7 @@ if [[ ! -x "$torchrun" ]]; then
   echo "SKIPPED: no torchrun at $torchrun (scripts/setup installs the torch wheel into .venv)"
   exit 77
 fi
-port="$(free_port "$(dirname "$torchrun")/python")" || exit 1
+port="$(free_port)" || exit 1
 case "$mode" in
   static) args=(--nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$port") ;;
   standalone) args=(--standalone --nproc-per-node 2) ;;

@@ -11,7 +11,7 @@
 set -u
 source "$(dirname "$0")/lib.sh"
 tandem="$1"; trainer="$2"; ref="$3"
-work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+scratch_dir work  # tests/support/logs.sh: the logs are printed on failure
 ckpt="$work/checkpoints"; mkdir "$work/first" "$work/second"
 run_job "$work/first.log" 120 "$tandem" run --nproc-per-node 2 --log-dir "$work/logs1" -- \
   "$trainer" train --root "$ckpt" --out "$work/first" --steps 12 --every 4 --kill-in-save 8

@@ -1,6 +1,8 @@
 # What the launcher fault scripts share (sourced). Every wait is bounded: a test fails, never hangs.
 # Times are CLOCK_REALTIME nanoseconds, as fault_trainer writes them.
 export LC_ALL=C  # EPOCHREALTIME with a '.'
+source "$(dirname "${BASH_SOURCE[0]}")/../support/logs.sh"  # scratch_dir: logs printed on failure
+source "$(dirname "${BASH_SOURCE[0]}")/../support/free_port.sh"
 
 fail() { echo "FAIL: $*"; exit 1; }
 now_ns() { local t="$EPOCHREALTIME"; echo "${t/./}000"; }
@@ -43,7 +45,10 @@ compare_step() {
   got="$(trace_line "$1" "$3")"; want="$(trace_line "$2" "$3")"
   [[ -n "$want" ]] || fail "the reference $2 has no line '$3'"
   [[ -n "$got" ]] || fail "$1 has no line '$3'"
-  [[ "$got" == "$want" ]] || fail "$1: '$3' differs from the uninterrupted run's ($2) in $(diff <(tr ' ' '\n' <<<"$got") <(tr ' ' '\n' <<<"$want") | grep -c '^<') of $(wc -w <<<"$got") words"
+  [[ "$got" == "$want" ]] && return 0
+  echo "the first differing words of '$3' (< $1, > $2):"
+  diff <(tr ' ' '\n' <<<"$got") <(tr ' ' '\n' <<<"$want") | head -n 12
+  fail "$1: '$3' differs from the uninterrupted run's ($2) in $(diff <(tr ' ' '\n' <<<"$got") <(tr ' ' '\n' <<<"$want") | grep -c '^<') of $(wc -w <<<"$got") words"
 }
 
 # No process of these pids is alive any more (kill -0 fails for each).
@@ -55,12 +60,3 @@ expect_gone() {
   done
 }
 
-# A TCP port no socket of this host uses at the moment (by /proc/net/tcp{,6}).
-free_port() {
-  local port used
-  used="$(awk 'FNR > 1 { n = split($2, a, ":"); print a[n] }' /proc/net/tcp /proc/net/tcp6 | sort -u)"  # hex ports
-  while :; do
-    port=$(( 20000 + RANDOM % 40000 ))
-    grep -qx "$(printf '%04X' "$port")" <<<"$used" || { echo "$port"; return; }
-  done
-}

@@ -13,7 +13,7 @@
 set -u
 source "$(dirname "$0")/lib.sh"
 case="$1"; tandem="$2"; trainer="$3"
-work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+scratch_dir work  # tests/support/logs.sh: the logs are printed on failure
 
 # The listening sockets (address:port in /proc's hex) of these pids, one per line.
 listeners_of() {

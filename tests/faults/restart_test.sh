@@ -8,7 +8,7 @@
 set -u
 source "$(dirname "$0")/lib.sh"
 tandem="$1"; trainer="$2"; ref="$3"
-work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+scratch_dir work  # tests/support/logs.sh: the logs are printed on failure
 start=$(now_ns)
 run_job "$work/launcher.log" 180 "$tandem" run --nproc-per-node 2 --max-restarts 1 --log-dir "$work/logs" -- \
   "$trainer" train --root "$work/checkpoints" --out "$work" --steps 20 --every 4 --kill-rank 1 --kill-step 11

@@ -10,7 +10,7 @@
 set -u
 source "$(dirname "$0")/lib.sh"
 tandem="$1"; trainer="$2"; ref="$3"
-work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+scratch_dir work  # tests/support/logs.sh: the logs are printed on failure
 ckpt="$work/checkpoints"; grace=5; mkdir "$work/first" "$work/second"
 start_job "$work/first.log" 120 "$tandem" run --nproc-per-node 2 --grace-period "$grace" --log-dir "$work/logs1" -- \
   "$trainer" train --root "$ckpt" --out "$work/first" --steps 20 --every 4 \

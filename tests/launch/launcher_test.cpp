@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -82,10 +83,16 @@ class Launcher {
       ::_exit(126);
     }
   }
+  // A failed test shows what the launcher said before its folder is removed (TempDir outlives
+  // the Launcher): the checks themselves compare exit codes and files.
   ~Launcher() {
     if (!status_) {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
+    }
+    if (::testing::Test::HasFailure()) {
+      std::fprintf(stderr, "===== tandem run's stdout\n%s===== tandem run's stderr\n%s=====\n", out().c_str(),
+                   err().c_str());
     }
   }
   pid_t pid() const { return pid_; }

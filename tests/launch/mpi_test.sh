@@ -13,8 +13,9 @@
 #             within the grace period plus 3 s, and no pid of the job is left (kill -0)
 set -u
 mode="$1"; tandem="$2"
+source "$(dirname "$0")/../support/logs.sh"
 command -v mpirun > /dev/null || { echo "SKIPPED: no mpirun on PATH (Debian: openmpi-bin)"; exit 77; }
-work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+scratch_dir work  # tests/support/logs.sh: the logs are printed on failure
 fail() { echo "FAIL: $*"; exit 1; }
 out="$work/out.log"
 

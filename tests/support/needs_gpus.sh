@@ -4,7 +4,10 @@
 set -uo pipefail
 need=$1 tandem=$2
 shift 2
-have=$("$tandem" env 2>/dev/null | awk '$1 == "cuda" && $2 == "devices" {print $3}')
+env_out=$("$tandem" env 2>&1); env_rc=$?
+# A `tandem env` that fails is a failure, not a skip that would hide it.
+(( env_rc == 0 )) || { echo "$env_out"; echo "FAIL: $tandem env exited $env_rc"; exit 1; }
+have=$(awk '$1 == "cuda" && $2 == "devices" {print $3}' <<<"$env_out")
 if (( ${have:-0} < need )); then
   echo "[  SKIPPED ] needs $need CUDA devices, ${have:-0} visible"
   exit 77

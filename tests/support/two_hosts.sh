@@ -1,14 +1,17 @@
 # Sourced by the network-namespace tests: two "hosts", namespaces A and B joined by a veth pair.
 # two_hosts TAG OCTET sets A and B (the namespaces), NET (10.OCTET.<pid % 250>), ADDR_A and ADDR_B
-# (NET.1 and NET.2) and work (a temporary folder), and removes them all at exit. Exits 77 (ctest:
-# skipped) where the machine refuses namespaces (needs root / CAP_SYS_ADMIN), 1 if the link fails.
+# (NET.1 and NET.2) and work (a temporary folder whose logs are printed if the test fails), and
+# removes them all at exit. Exits 77 (ctest: skipped) where the machine refuses namespaces (needs
+# root / CAP_SYS_ADMIN), 1 if the link fails.
+source "$(dirname "${BASH_SOURCE[0]}")/logs.sh"
 two_hosts() {
   A=tandem_${1}_a_$$; B=tandem_${1}_b_$$
   NET=10.$2.$(( $$ % 250 )); ADDR_A=$NET.1; ADDR_B=$NET.2
-  work="$(mktemp -d)"
-  trap 'ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null; rm -rf "$work"' EXIT
-  if ! ip netns add "$A" 2>/dev/null || ! ip netns add "$B" 2>/dev/null; then
-    echo "SKIPPED: this machine refuses network namespaces (ip netns add failed; needs root / CAP_SYS_ADMIN)"
+  scratch_dir work
+  on_exit 'ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null'
+  local why
+  if ! why="$(ip netns add "$A" 2>&1 && ip netns add "$B" 2>&1)"; then
+    echo "SKIPPED: this machine refuses network namespaces (ip netns add: ${why:-failed}; needs root / CAP_SYS_ADMIN)"
     exit 77
   fi
   # Created inside the namespaces, so the names never meet another test's.
