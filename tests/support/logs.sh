@@ -15,11 +15,9 @@ _tandem_on_exit=()
 
 on_exit() { _tandem_on_exit+=("$1"); trap _tandem_exit EXIT; }
 
-scratch_dir() {
-  local dir
-  dir="$(mktemp -d)" || { echo "FAIL: mktemp -d"; exit 1; }
-  _tandem_scratch+=("$dir")
-  printf -v "$1" '%s' "$dir"
+scratch_dir() {  # (no local variable: `printf -v` would set it instead of the caller's VAR)
+  _tandem_scratch+=("$(mktemp -d)") || { echo "FAIL: mktemp -d"; exit 1; }
+  printf -v "$1" '%s' "${_tandem_scratch[-1]}"
   trap _tandem_exit EXIT
 }
 

@@ -9,10 +9,11 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 # child STATUS: a script with a scratch folder holding two logs and a trace that is not a log.
 child() {
-  bash -c 'source "$1/logs.sh"; scratch_dir work; echo "$work" > "$2/where"
+  # Its folder's variable is `dir`, a name the helper could shadow.
+  bash -c 'set -u; source "$1/logs.sh"; scratch_dir dir; echo "$dir" > "$2/where"
            on_exit "echo on_exit ran"
-           echo "rank 0 said this" > "$work/rank0.log"; mkdir "$work/logs"; echo "rank 1 said that" > "$work/logs/r1.err"
-           echo "not a log" > "$work/trace"; exit "$3"' child "$support" "$scratch" "$1"
+           echo "rank 0 said this" > "$dir/rank0.log"; mkdir "$dir/logs"; echo "rank 1 said that" > "$dir/logs/r1.err"
+           echo "not a log" > "$dir/trace"; exit "$3"' child "$support" "$scratch" "$1"
 }
 
 out="$(child 3 2>&1)"; rc=$?
