@@ -477,7 +477,8 @@ class Measurement:
         mixed = {"fp32": "no"}.get(a.precision, a.precision)
         try:
             acc = Accelerator(cpu=not self.cuda, mixed_precision=mixed)
-        except ValueError as e:
+        except ValueError as e:  # the process group may exist already
+            end_process_group()
             return self.emit_unsupported(f"accelerate {accelerate.__version__}: {e}")
         torch.set_num_threads(a.threads)  # accelerate sets its own when OMP_NUM_THREADS is unset
         try:
@@ -580,6 +581,11 @@ def exit_without_gloo_threads(status):
     finalization, where such a thread can abort the process (Note [Gloo threads at exit]);
     bench.worker.records fails on that line."""
     left = gloo_threads()
+    for _ in range(20):  # a thread just joined may linger in /proc for a moment
+        if not left:
+            break
+        time.sleep(0.05)
+        left = gloo_threads()
     if left:
         sys.stderr.write(f"peer.py: {left} Gloo worker thread(s) outlived destroy_process_group; leaving through "
                          "os._exit (Note [Gloo threads at exit])\n")

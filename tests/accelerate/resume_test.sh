@@ -8,8 +8,9 @@ source "$(dirname "$0")/../support/logs.sh"
 scratch_dir work  # tests/support/logs.sh: the logs are printed on failure
 # K batches end in the second epoch, mid-epoch, on a synchronising batch (accumulation is 2)
 export RESUME_K="$k" RESUME_DIR="$work/checkpoints"
-# A phase that fails or hangs (bounded: the trap then prints its log, ctest's kill would not).
-run() { RESUME_OUT="$work/$1" timeout -k 5 300 "$tandem" run --nproc-per-node "$nproc" -- "$binary" "--scenario=resume-phase-$2" \
+# A phase that fails or hangs (bounded within ctest's 300 s for the three: the trap then prints
+# its log, ctest's kill would not).
+run() { RESUME_OUT="$work/$1" timeout -k 5 90 "$tandem" run --nproc-per-node "$nproc" -- "$binary" "--scenario=resume-phase-$2" \
           >"$work/$1.log" 2>&1 || { echo "FAIL: phase $2 failed (exit $?)"; exit 1; }; }
 run straight 0
 run first_half 1

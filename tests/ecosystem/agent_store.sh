@@ -39,7 +39,7 @@ case "$mode" in
   client)
     # Rank 1 in the background, rank 0 in front; both must succeed.
     # Bounded, so that a hung rank 1 fails the test with its log rather than meeting ctest's kill.
-    timeout -k 5 60 env $(env_of 1) TORCHELASTIC_USE_AGENT_STORE=True "${command[@]}" > "$work/rank1.log" 2>&1 &
+    timeout -k 5 40 env $(env_of 1) TORCHELASTIC_USE_AGENT_STORE=True "${command[@]}" > "$work/rank1.log" 2>&1 &
     rank1=$!
     expect_success 40 env $(env_of 0) TORCHELASTIC_USE_AGENT_STORE=True "${command[@]}"; rc=$?
     wait "$rank1"; rc1=$?

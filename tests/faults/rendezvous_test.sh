@@ -51,7 +51,7 @@ loopback)
   echo "loopback: ok: ${#listening[@]} listening sockets of the workers, all on loopback"
   ;;
 run_id)
-  port=$(free_port)
+  port=$(free_port) || fail "no free port"
   node=(run --nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$port")
   mkdir "$work/a" "$work/b" "$work/c"
   start_job "$work/node0.log" 120 "$tandem" "${node[@]}" --node-rank 0 --run-id faults-a --log-dir "$work/logs0" -- "$trainer" hold --dir "$work/a"

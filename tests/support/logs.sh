@@ -32,15 +32,22 @@ show_log() {
   fi
 }
 
+# Its locals are prefixed: the on_exit commands it evals see them. set +eu: nothing in the
+# clean-up may end it early. 77 is ctest's skip, not a failure: no logs.
 _tandem_exit() {
-  local rc=$? cmd dir file
-  for cmd in "${_tandem_on_exit[@]}"; do eval "$cmd" || true; done
-  for dir in "${_tandem_scratch[@]}"; do
-    if (( rc != 0 )); then
-      while IFS= read -r file; do show_log "$file"; done \
-        < <(find "$dir" -type f \( -name '*.log' -o -name '*.out' -o -name '*.err' \) | sort)
+  local _tandem_rc=$? _tandem_cmd _tandem_dir _tandem_file
+  set +eu
+  for _tandem_cmd in "${_tandem_on_exit[@]}"; do eval "$_tandem_cmd"; done
+  for _tandem_dir in "${_tandem_scratch[@]}"; do
+    if (( _tandem_rc != 0 && _tandem_rc != 77 )); then
+      while IFS= read -r _tandem_file; do show_log "$_tandem_file"; done \
+        < <(find "$_tandem_dir" -type f \( -name '*.log' -o -name '*.out' -o -name '*.err' \) | sort)
     fi
-    if [[ "${TANDEM_TEST_KEEP:-0}" == 1 ]]; then echo "kept $dir (TANDEM_TEST_KEEP=1)"; else rm -rf "$dir"; fi
+    if [[ "${TANDEM_TEST_KEEP:-0}" == 1 ]]; then
+      echo "kept $_tandem_dir (TANDEM_TEST_KEEP=1)"
+    else
+      rm -rf "$_tandem_dir"
+    fi
   done
-  exit "$rc"
+  exit "$_tandem_rc"
 }

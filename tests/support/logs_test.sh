@@ -6,6 +6,7 @@ set -u
 support="$(cd "$(dirname "$0")" && pwd)"
 scratch="$(mktemp -d)"; trap 'rm -rf "$scratch"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+unset TANDEM_TEST_KEEP  # the cases below set it where they mean it
 
 # child STATUS: a script with a scratch folder holding two logs and a trace that is not a log.
 child() {
