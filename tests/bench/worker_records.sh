@@ -31,8 +31,7 @@ run() {
   # Bounded (a few seconds each here): a hang fails this measurement with its log, not the test.
   if ! timeout -k 5 120 "$cli" run --nproc-per-node "$nproc" -- "${cmd[@]}" --model "$model" --strategy "$strategy" \
       "${common[@]}" "$@" --out "$dir/$n.jsonl" >"$dir/$n.log" 2>&1; then
-    echo "FAILED (exit $?): #$n $impl nproc $nproc $model $strategy $*"
-    show_log "$dir/$n.log"
+    echo "FAILED (exit $?): #$n $impl nproc $nproc $model $strategy $*; its log, $n.log, is printed at exit"
     failed=1
   fi
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$impl" "$nproc" "$model" "$strategy" "$*" >>"$dir/plan.tsv"

@@ -23,7 +23,7 @@ print(store.port, flush=True)
 time.sleep(60)
 PY
 store_pid=$!
-on_exit 'kill "$store_pid" 2>/dev/null; wait "$store_pid" 2>/dev/null' 
+on_exit 'kill "$store_pid" 2>/dev/null; wait "$store_pid" 2>/dev/null'
 for _ in $(seq 200); do
   port="$(grep -Eom1 '^[0-9]+$' "$portfile")" && break
   kill -0 "$store_pid" 2>/dev/null || break

@@ -46,9 +46,10 @@ compare_step() {
   [[ -n "$want" ]] || fail "the reference $2 has no line '$3'"
   [[ -n "$got" ]] || fail "$1 has no line '$3'"
   [[ "$got" == "$want" ]] && return 0
+  local words; words="$(diff <(tr ' ' '\n' <<<"$got") <(tr ' ' '\n' <<<"$want"))"
   echo "the first differing words of '$3' (< $1, > $2):"
-  diff <(tr ' ' '\n' <<<"$got") <(tr ' ' '\n' <<<"$want") | head -n 12
-  fail "$1: '$3' differs from the uninterrupted run's ($2) in $(diff <(tr ' ' '\n' <<<"$got") <(tr ' ' '\n' <<<"$want") | grep -c '^<') of $(wc -w <<<"$got") words"
+  head -n 12 <<<"$words"
+  fail "$1: '$3' differs from the uninterrupted run's ($2) in $(grep -c '^<' <<<"$words") of $(wc -w <<<"$got") words"
 }
 
 # No process of these pids is alive any more (kill -0 fails for each).
