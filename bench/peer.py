@@ -311,6 +311,7 @@ class Loop:
     def __init__(self, a):
         self.a = a
         self.times, self.forward, self.backward, self.optimizer = [], [], [], []
+        self.faults_per_step = 0.0  # the process's minor page faults over the timed steps, per step
         self.timed = False
 
     def sync(self):
@@ -326,14 +327,23 @@ class Loop:
         return out
 
     def run(self, step):
+        faults_before = 0
         for i in range(self.a.warmup + self.a.steps):
             self.timed = i >= self.a.warmup
+            if i == self.a.warmup:
+                faults_before = minor_faults()
             start = time.perf_counter()
             step()
             self.sync()
             if self.timed:
                 self.times.append(time.perf_counter() - start)
+        self.faults_per_step = (minor_faults() - faults_before) / self.a.steps
         self.timed = False
+
+
+def minor_faults():
+    """The process's minor page faults so far (the worker's Note [Host allocator])."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def ddp_buckets(model):
@@ -527,7 +537,8 @@ class Measurement:
             memory = torch.cuda.max_memory_allocated(self.device())
         else:
             memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-        return torch.tensor([percentile(result["loop"].times, 0.5), float(memory)], dtype=torch.float64)
+        loop = result["loop"]
+        return torch.tensor([percentile(loop.times, 0.5), float(memory), loop.faults_per_step], dtype=torch.float64)
 
     def report(self, result):
         """Every rank's p50 and memory reach rank 0, which emits the record."""
@@ -559,7 +570,11 @@ class Measurement:
             rank_p50_s=[g[0].item() for g in gathered],
             forward_p50_s=percentile(loop.forward, 0.5), backward_p50_s=percentile(loop.backward, 0.5),
             optimizer_p50_s=percentile(loop.optimizer, 0.5),
-            peak_mem_bytes=peak, mem_kind=mem_kind, versions=self.versions,
+            peak_mem_bytes=peak, mem_kind=mem_kind,
+            rank_faults_per_step=[round(g[2].item()) for g in gathered],
+            # Python keeps glibc's malloc as it is, unless the environment tunes it.
+            host_allocator="tunables" if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "") else "system",
+            versions=self.versions,
             # CPU collectives: always Gloo here (PyTorch's wheel has no MPI); one process: none.
             **({} if self.cuda or a.strategy in ("single", "dp") else {"backend": "gloo"}))
 

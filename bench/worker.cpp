@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -47,6 +48,7 @@
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/data_parallel.h"
 #include "tandem/error.h"
+#include "tandem/host_allocator.h"
 #include "tandem/version.h"
 #include "workloads.h"
 
@@ -104,6 +106,14 @@ int64_t cuda_peak_bytes(int device) {
 #endif
 }
 
+/// Minor page faults of the whole process so far (Note [Host allocator]: a step that reuses its
+/// memory faults nothing).
+int64_t minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_minflt);
+}
+
 int64_t peak_rss_bytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -115,6 +125,7 @@ int64_t peak_rss_bytes() {
 struct Loop {
   const Options& o;
   std::vector<double> times, forward, backward, optimizer;
+  double faults_per_step = 0;  // the process's minor page faults over the timed steps, per step
   bool timed = false;
 
   explicit Loop(const Options& options) : o(options) {}
@@ -130,13 +141,16 @@ struct Loop {
   }
   template <typename Step>
   void run(Step&& step) {
+    int64_t faults_before = 0;
     for (int i = 0; i < o.warmup + o.steps; ++i) {
       timed = i >= o.warmup;
+      if (i == o.warmup) faults_before = minor_faults();
       const auto start = Clock::now();
       step();
       sync();
       if (timed) times.push_back(seconds_since(start));
     }
+    if (o.steps > 0) faults_per_step = static_cast<double>(minor_faults() - faults_before) / o.steps;
     timed = false;
   }
 };
@@ -145,6 +159,7 @@ struct Loop {
 
 struct Result {
   std::vector<double> times, forward, backward, optimizer;
+  double faults_per_step = 0;
   int64_t params = 0, grad_bytes = 0, buckets = 0;
   std::vector<int64_t> bucket_bytes;  // DDP's buckets in launch order (the projection's input)
   std::vector<int64_t> replica_bytes;  // dp-* on CPU: memory_report() totals
@@ -157,6 +172,7 @@ struct Result {
     forward = std::move(loop.forward);
     backward = std::move(loop.backward);
     optimizer = std::move(loop.optimizer);
+    faults_per_step = loop.faults_per_step;
   }
 };
 
@@ -465,6 +481,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     at::set_num_threads(o.threads);
+    // Every strategy in the same allocator state, `single` (no Tandem wrapper) included.
+    const HostAllocatorSetting& allocator = tune_host_allocator();
     if (o.cuda()) comm::bind_cuda_device(world.local_rank);
     auto pg = comm::ProcessGroup::create(world, comm::ProcessGroupOptions().use_nccl(o.cuda()));
 
@@ -486,12 +504,13 @@ int main(int argc, char** argv) {
     const double p50 = percentile(r.times, 0.5);
     const double memory = o.cuda() ? static_cast<double>(cuda_peak_bytes(world.local_rank))
                                    : static_cast<double>(peak_rss_bytes());
-    auto all = pg->all_gather(at::tensor({p50, memory}, at::kDouble));
+    auto all = pg->all_gather(at::tensor({p50, memory, r.faults_per_step}, at::kDouble));
     if (world.is_main()) {
-      Json rank_p50 = Json::array(), peak = Json::array();
+      Json rank_p50 = Json::array(), peak = Json::array(), faults = Json::array();
       for (const auto& t : all) {
         rank_p50.push_back(t[0].item<double>());
         peak.push_back(static_cast<int64_t>(t[1].item<double>()));
+        faults.push_back(std::round(t[2].item<double>()));
       }
       std::string mem_kind = o.cuda() ? "cuda" : "rss";
       if (o.dp()) {
@@ -519,6 +538,8 @@ int main(int argc, char** argv) {
       record["optimizer_p50_s"] = percentile(r.optimizer, 0.5);
       record["peak_mem_bytes"] = peak;
       record["mem_kind"] = mem_kind;
+      record["rank_faults_per_step"] = faults;
+      record["host_allocator"] = allocator.tuned ? "keep-freed" : "system";
       if (r.allreduce_p50) record["allreduce_p50_s"] = *r.allreduce_p50;
       if (r.flat_allreduce_p50) record["flat_allreduce_p50_s"] = *r.flat_allreduce_p50;
       if (r.sweep) record["sweep"] = *r.sweep;

@@ -21,6 +21,7 @@
 #include "tandem/accelerate/safetensors.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/error.h"
+#include "tandem/host_allocator.h"
 
 namespace tandem {
 namespace {
@@ -73,6 +74,7 @@ void Accelerator::initialize() {
   // Before any CUDA work: this rank's GPU becomes the current device (one per rank on a node).
   comm::bind_cuda_device(world_.local_rank);
   choose_strategy();
+  tune_host_allocator();  // Note [Host allocator]: every strategy, a single process included
   if (!pg_ && (world_.world_size > 1 || strategy_ == Strategy::Ddp)) {
     pg_ = comm::ProcessGroup::create(world_, comm::ProcessGroupOptions().timeout(options_.collective_timeout()));
   }

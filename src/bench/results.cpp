@@ -98,6 +98,8 @@ Run run_from_record(const json& record) {
   r.optimizer_s = field_or<double>(record, "optimizer_p50_s", 0, where);
   r.peak_mem_bytes = field_or<std::vector<double>>(record, "peak_mem_bytes", {}, where);
   r.mem_kind = field_or<std::string>(record, "mem_kind", "", where);
+  r.faults_per_step = field_or<std::vector<double>>(record, "rank_faults_per_step", {}, where);
+  r.host_allocator = field_or<std::string>(record, "host_allocator", "", where);
   r.allreduce_p50_s = field_or<double>(record, "allreduce_p50_s", 0, where);
   r.flat_allreduce_p50_s = field_or<double>(record, "flat_allreduce_p50_s", 0, where);
   if (record.contains("sweep")) {
@@ -121,6 +123,8 @@ json to_json(const Run& r) {
             {"buckets", r.buckets}, {"bucket_bytes", r.bucket_bytes}, {"p50_s", r.p50_s}, {"p95_s", r.p95_s},
             {"forward_p50_s", r.forward_s}, {"backward_p50_s", r.backward_s}, {"optimizer_p50_s", r.optimizer_s},
             {"peak_mem_bytes", r.peak_mem_bytes}, {"mem_kind", r.mem_kind}});
+  if (!r.faults_per_step.empty()) j["rank_faults_per_step"] = r.faults_per_step;
+  if (!r.host_allocator.empty()) j["host_allocator"] = r.host_allocator;
   if (r.strategy == "allreduce") {
     j["allreduce_p50_s"] = r.allreduce_p50_s;
     j["flat_allreduce_p50_s"] = r.flat_allreduce_p50_s;

@@ -32,6 +32,8 @@ struct Run {
   double p50_s = 0, p95_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;
   std::vector<double> peak_mem_bytes;  // per device: rank RSS, replica total, or CUDA peak
   std::string mem_kind;
+  std::vector<double> faults_per_step;  // per rank: minor page faults per timed step (absent in older files)
+  std::string host_allocator;     // "keep-freed", "system", "tunables" (absent in older files)
   double allreduce_p50_s = 0, flat_allreduce_p50_s = 0;
   std::vector<SweepPoint> sweep;
   std::string unsupported;        // set: this combination does not exist; no timings

@@ -4,6 +4,7 @@
 
 #include "tandem/ddp/model_check.h"
 #include "tandem/error.h"
+#include "tandem/host_allocator.h"
 
 namespace tandem::ddp::detail {
 
@@ -11,6 +12,7 @@ DdpCore::DdpCore(torch::nn::Module& module, std::shared_ptr<comm::ProcessGroup> 
                  DistributedDataParallelOptions options)
     : pg_(std::move(pg)), options_(options) {
   TANDEM_CHECK(pg_, "DDP: the process group is null");
+  tune_host_allocator();  // Note [Host allocator]
   std::vector<at::Tensor> parameters, all_state;
   std::vector<std::string> names, all_names;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {

@@ -23,6 +23,7 @@
 #include "common/ready_hook.h"
 #include "common/record_stream.h"
 #include "tandem/error.h"
+#include "tandem/host_allocator.h"
 
 namespace tandem::dp::detail {
 namespace {
@@ -233,6 +234,7 @@ DpCore::DpCore(std::shared_ptr<torch::nn::Module> primary, DataParallelOptions o
   if (!options_.output_device()) options_.output_device(options_.devices()->front());
   checked_devices({*options_.output_device()});
   if (options_.threads_per_replica() < 0) throw Error("DataParallel: threads_per_replica must be >= 0");
+  tune_host_allocator();  // Note [Host allocator]
 
   const auto& devices = *options_.devices();
   primary_->to(devices.front());

@@ -94,7 +94,7 @@ RECORD = "tandem-bench-run/1"
 HEAD = ["record", "impl", "model", "scale", "strategy", "device", "precision", "world", "nodes"]
 FIELDS = HEAD + ["batch_per_device", "steps", "warmup", "threads", "params", "grad_bytes", "buckets", "p50_s",
                  "p95_s", "rank_p50_s", "forward_p50_s", "backward_p50_s", "optimizer_p50_s", "peak_mem_bytes",
-                 "mem_kind", "versions"]
+                 "mem_kind", "rank_faults_per_step", "host_allocator", "versions"]
 errors, counts = [], {}
 
 

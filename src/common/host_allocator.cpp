@@ -1,0 +1,63 @@
+#include "tandem/host_allocator.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+// Note [Host allocator]: LibTorch's CPU allocator is malloc (posix_memalign), and glibc serves a
+// block above its mmap threshold with a fresh mmap and returns it with munmap when freed; it also
+// gives the free top of its heaps back to the kernel past a trim threshold. A training step frees
+// and reallocates the same activations every iteration, so each step can fault all of their pages
+// in again: 8-40 thousand minor faults per step on the benchmark's CNN and transformer, 15-20 %
+// of their step on this project's 2-core machine (docs/benchmarks.md, "The Accelerator's step").
+// Worse, glibc moves the threshold up by itself when a mapped block is freed (up to 32 MiB), so
+// whether a process faults depends on the order of its first frees: the same program lands in a
+// fast or a slow mode from one run to the next. That was the "fast and slow mode" of the PyTorch
+// peers and the Accelerator's unexplained few percent behind hand-written DDP. With mmap disabled
+// for large blocks (M_MMAP_MAX 0) and trimming off (M_TRIM_THRESHOLD -1, "never", per mallopt(3)),
+// freed blocks stay in the process and the next step reuses them: a step faults nothing, in every
+// run. The price is that memory freed after the peak is not returned to the kernel, which is what
+// a caching allocator (PyTorch's CUDA one, jemalloc's) does too; a program that must give memory
+// back sets TANDEM_HOST_ALLOCATOR=system. The fixed threshold also ends the self-tuning, so the
+// process behaves the same in every run.
+const HostAllocatorSetting& tune_host_allocator() {
+  static HostAllocatorSetting setting;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* choice = std::getenv("TANDEM_HOST_ALLOCATOR");
+    const char* tunables = std::getenv("GLIBC_TUNABLES");
+    if (choice && std::strcmp(choice, "system") == 0) {
+      setting.detail = "glibc's defaults (TANDEM_HOST_ALLOCATOR=system)";
+      return;
+    }
+    if (choice && *choice && std::strcmp(choice, "keep-freed") != 0) {
+      throw Error(std::string("TANDEM_HOST_ALLOCATOR must be keep-freed or system (got '") + choice + "')");
+    }
+    if (tunables && std::strstr(tunables, "glibc.malloc.")) {
+      setting.detail = "GLIBC_TUNABLES sets glibc.malloc, left as it is";
+      return;
+    }
+#if defined(__GLIBC__)
+    // mallopt returns 0 where it is refused: a sanitizer's allocator, which ignores it.
+    if (mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, -1) == 1) {
+      setting.tuned = true;
+      setting.detail = "freed memory kept for reuse (mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1)";
+    } else {
+      setting.detail = "the allocator refused mallopt (a sanitizer's?): its defaults";
+    }
+#else
+    setting.detail = "not glibc's malloc: its defaults";
+#endif
+  });
+  return setting;
+}
+
+}  // namespace tandem
