@@ -14,6 +14,7 @@ Bad flags: one line on stderr, exit 2.
 import argparse
 import gc
 import json
+import math
 import os
 import resource
 import sys
@@ -46,6 +47,13 @@ def non_negative(text):
     return value
 
 
+def seconds(text):
+    value = float(text)
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 3600")
+    return value
+
+
 def parse_flags(argv=None):
     ap = Parser(description="One measurement of PyTorch, the peer of tandem-bench-worker")
     ap.add_argument("--model", choices=["small", "medium", "large"], default="small")
@@ -54,6 +62,8 @@ def parse_flags(argv=None):
     ap.add_argument("--batch-size", type=positive, default=32, help="samples per device")
     ap.add_argument("--steps", type=positive, default=20, help="timed steps")
     ap.add_argument("--warmup", type=non_negative, default=3, help="untimed steps first")
+    ap.add_argument("--min-seconds", type=seconds, default=0.0,
+                    help="timed steps last at least this long (more than --steps)")
     ap.add_argument("--threads", type=positive, default=1, help="intra-op threads of this process")
     ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -306,12 +316,15 @@ def loss_of(output, target):
 
 class Loop:
     """warmup + steps iterations; the timed ones' durations and their phases'. On CUDA every
-    phase and step ends with a synchronize."""
+    phase and step ends with a synchronize. With --min-seconds, enough steps to fill that time,
+    agreed by the ranks through `slowest` (the worker's Loop)."""
 
-    def __init__(self, a):
+    def __init__(self, a, slowest=None):
         self.a = a
+        self.slowest = slowest  # seconds -> the slowest rank's; None: exactly --steps
         self.times, self.forward, self.backward, self.optimizer = [], [], [], []
         self.faults_per_step = 0.0  # the process's minor page faults over the timed steps, per step
+        self.steps = 0  # timed steps run
         self.timed = False
 
     def sync(self):
@@ -327,18 +340,29 @@ class Loop:
         return out
 
     def run(self, step):
-        faults_before = 0
-        for i in range(self.a.warmup + self.a.steps):
-            self.timed = i >= self.a.warmup
-            if i == self.a.warmup:
-                faults_before = minor_faults()
+        last_warmup = 0.0
+        for _ in range(self.a.warmup):
             start = time.perf_counter()
             step()
             self.sync()
-            if self.timed:
-                self.times.append(time.perf_counter() - start)
-        self.faults_per_step = (minor_faults() - faults_before) / self.a.steps
+            last_warmup = time.perf_counter() - start
+        self.steps = self.timed_steps(last_warmup)
+        self.timed = True
+        faults_before = minor_faults()
+        for _ in range(self.steps):
+            start = time.perf_counter()
+            step()
+            self.sync()
+            self.times.append(time.perf_counter() - start)
+        self.faults_per_step = (minor_faults() - faults_before) / self.steps
         self.timed = False
+
+    def timed_steps(self, step_seconds):
+        a = self.a
+        if a.min_seconds <= 0 or a.warmup == 0 or self.slowest is None:
+            return a.steps
+        wanted = math.ceil(a.min_seconds / max(self.slowest(step_seconds), 1e-6))
+        return int(min(max(wanted, a.steps), 100000))
 
 
 def minor_faults():
@@ -469,7 +493,7 @@ class Measurement:
             model = nn.parallel.DistributedDataParallel(net, device_ids=[self.local_rank] if self.cuda else None)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         scaler = torch.amp.GradScaler(a.device) if a.precision == "fp16" else None
-        loop = Loop(a)
+        loop = Loop(a, self.slowest)
         no_sync = a.strategy == "ddp-no-sync"
         loop.run(lambda: self.plain_step(loop, model, opt, scaler, x, y, no_sync))
         if a.strategy in ("ddp", "ddp-no-sync"):
@@ -515,7 +539,7 @@ class Measurement:
         net, params, grad_bytes, x, y = self.setup()
         model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
         x, y = x.to(acc.device), y.to(acc.device)
-        loop = Loop(a)
+        loop = Loop(a, self.slowest)
 
         def step():
             with acc.accumulate(model):
@@ -531,6 +555,15 @@ class Measurement:
         loop.run(step)
         buckets = ddp_buckets(model) if isinstance(model, nn.parallel.DistributedDataParallel) else 0
         return dict(loop=loop, params=params, grad_bytes=grad_bytes, buckets=buckets, devices=None)
+
+    def slowest(self, seconds):
+        """The largest of every rank's `seconds`: the ranks run the same number of steps."""
+        dist = torch.distributed
+        if not (dist.is_initialized() and self.world > 1):
+            return seconds
+        t = torch.tensor([seconds], dtype=torch.float64, device=self.device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
 
     def my_numbers(self, result):
         if self.cuda:
@@ -564,7 +597,7 @@ class Measurement:
             peak = [torch.cuda.max_memory_allocated(d) for d in result["devices"]]
         return dict(
             record_head(a, self.world),
-            batch_per_device=a.batch_size, steps=a.steps, warmup=a.warmup, threads=a.threads,
+            batch_per_device=a.batch_size, steps=loop.steps or a.steps, warmup=a.warmup, threads=a.threads,
             params=result["params"], grad_bytes=result["grad_bytes"], buckets=result["buckets"],
             p50_s=percentile(loop.times, 0.5), p95_s=percentile(loop.times, 0.95),
             rank_p50_s=[g[0].item() for g in gathered],

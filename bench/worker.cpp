@@ -3,7 +3,7 @@
 // same flags, the same models (bench/workloads.h), the same record.
 //
 //   tandem-bench-worker --model small|medium|large --scale tiny|cpu|full --strategy S
-//                       [--batch-size B] [--steps N] [--warmup K] [--threads T]
+//                       [--batch-size B] [--steps N] [--warmup K] [--min-seconds S] [--threads T]
 //                       [--precision fp32|bf16|fp16] [--device cpu|cuda] [--replicas R]
 //                       [--sweep-min-bytes N] [--sweep-max-bytes N] [--out FILE]
 //
@@ -69,6 +69,7 @@ struct Options {
   std::string model = "small", scale = "cpu", strategy = "ddp", precision = "fp32", device = "cpu", out;
   int64_t batch = 32;
   int steps = 20, warmup = 3, threads = 1, replicas = 2;
+  double min_seconds = 0;  // the timed steps last at least this long: more steps than --steps if short
   int64_t sweep_min_bytes = 4096, sweep_max_bytes = int64_t{64} << 20;
 
   bool cuda() const { return device == "cuda"; }
@@ -121,14 +122,18 @@ int64_t peak_rss_bytes() {
 }
 
 /// warmup + steps iterations of a step; the timed ones' durations, and their phases'. On CUDA
-/// every phase and step ends with a device synchronize, so the times are the device's.
+/// every phase and step ends with a device synchronize, so the times are the device's. With
+/// --min-seconds, the ranks agree after the warm-up on enough steps to fill that time (a 4 ms
+/// step measured 10 times is mostly noise), from the slowest rank's last warm-up step.
 struct Loop {
   const Options& o;
+  comm::ProcessGroup* pg;  // the ranks that agree on --min-seconds' count; null: exactly --steps
   std::vector<double> times, forward, backward, optimizer;
   double faults_per_step = 0;  // the process's minor page faults over the timed steps, per step
+  int steps = 0;               // timed steps run
   bool timed = false;
 
-  explicit Loop(const Options& options) : o(options) {}
+  explicit Loop(const Options& options, comm::ProcessGroup* group = nullptr) : o(options), pg(group) {}
   void sync() const {
     if (o.cuda()) cuda_synchronize();
   }
@@ -141,17 +146,36 @@ struct Loop {
   }
   template <typename Step>
   void run(Step&& step) {
-    int64_t faults_before = 0;
-    for (int i = 0; i < o.warmup + o.steps; ++i) {
-      timed = i >= o.warmup;
-      if (i == o.warmup) faults_before = minor_faults();
+    double last_warmup = 0;
+    for (int i = 0; i < o.warmup; ++i) {
       const auto start = Clock::now();
       step();
       sync();
-      if (timed) times.push_back(seconds_since(start));
+      last_warmup = seconds_since(start);
     }
-    if (o.steps > 0) faults_per_step = static_cast<double>(minor_faults() - faults_before) / o.steps;
+    steps = timed_steps(last_warmup);
+    timed = true;
+    const int64_t faults_before = minor_faults();
+    for (int i = 0; i < steps; ++i) {
+      const auto start = Clock::now();
+      step();
+      sync();
+      times.push_back(seconds_since(start));
+    }
+    if (steps > 0) faults_per_step = static_cast<double>(minor_faults() - faults_before) / steps;
     timed = false;
+  }
+
+ private:
+  int timed_steps(double step_seconds) const {
+    if (o.min_seconds <= 0 || o.warmup == 0 || !pg) return o.steps;
+    if (pg->size() > 1) {
+      at::Tensor slowest = at::tensor({step_seconds}, at::kDouble);
+      pg->all_reduce(slowest, comm::ReduceOp::Max);
+      step_seconds = slowest.item<double>();
+    }
+    const double wanted = std::ceil(o.min_seconds / std::max(step_seconds, 1e-6));
+    return static_cast<int>(std::clamp(wanted, static_cast<double>(o.steps), 100000.0));
   }
 };
 
@@ -160,6 +184,7 @@ struct Loop {
 struct Result {
   std::vector<double> times, forward, backward, optimizer;
   double faults_per_step = 0;
+  int steps = 0;
   int64_t params = 0, grad_bytes = 0, buckets = 0;
   std::vector<int64_t> bucket_bytes;  // DDP's buckets in launch order (the projection's input)
   std::vector<int64_t> replica_bytes;  // dp-* on CPU: memory_report() totals
@@ -173,6 +198,7 @@ struct Result {
     backward = std::move(loop.backward);
     optimizer = std::move(loop.optimizer);
     faults_per_step = loop.faults_per_step;
+    steps = loop.steps;
   }
 };
 
@@ -253,7 +279,7 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
   const at::Tensor x = x_cpu.to(device), y = y_cpu.to(device);
   auto scaler = make_scaler(o);
   amp::GradScaler* scaler_ptr = scaler ? &*scaler : nullptr;
-  Loop loop(o);
+  Loop loop(o, pg.get());
 
   if (o.strategy == "single") {
     net->to(device);
@@ -341,7 +367,7 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     auto time_allreduce = [&](const std::vector<int64_t>& layout) {
       std::vector<at::Tensor> tensors;
       for (int64_t bytes : layout) tensors.push_back(at::ones({bytes / 4}, at::TensorOptions().device(device)));
-      Loop l(o);
+      Loop l(o, pg.get());
       l.run([&] {
         std::vector<c10::intrusive_ptr<c10d::Work>> works;
         for (auto& t : tensors) works.push_back(pg->all_reduce_async(t));
@@ -449,6 +475,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", o.batch, "samples per device")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--steps", o.steps, "timed steps")->check(CLI::Range(1, 1 << 30));
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::Range(0, 1 << 30));
+  app.add_option("--min-seconds", o.min_seconds, "timed steps last at least this long (more than --steps)")
+      ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--threads", o.threads, "intra-op threads of this process")->check(CLI::Range(1, 4096));
   app.add_option("--precision", o.precision)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--device", o.device)->check(CLI::IsMember({"cpu", "cuda"}));
@@ -523,7 +551,7 @@ int main(int argc, char** argv) {
       // strategies communicate with nobody: no backend to name).
       if (!o.cuda() && o.strategy != "single" && !o.dp()) record["backend"] = comm::to_string(pg->cpu_backend());
       record["batch_per_device"] = o.batch;
-      record["steps"] = o.steps;
+      record["steps"] = r.steps > 0 ? r.steps : o.steps;  // --min-seconds may have run more
       record["warmup"] = o.warmup;
       record["threads"] = o.threads;
       record["params"] = r.params;

@@ -22,6 +22,7 @@ struct BenchConfig {
   std::string scale = "cpu";               // model presets: tiny (tests), cpu, full
   std::map<std::string, int> batch_sizes{{"small", 64}, {"medium", 32}, {"large", 8}};  // per device
   int steps = 10, warmup = 3, repeats = 3, threads = 1;
+  double min_seconds = 1.0;                // timed steps per measurement: at least --steps, and this long
   std::string peers = "auto";              // auto (when the Python has them), on, off
   std::string python;                      // the interpreter for the PyTorch peers
   std::vector<std::string> project;        // --project shapes, e.g. "8x1", "8x4"

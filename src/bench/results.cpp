@@ -140,7 +140,7 @@ json to_json(const Results& results) {
   const auto& c = results.config;
   json config{{"models", c.models},   {"strategies", c.strategies}, {"nproc", c.worlds},
               {"precision", c.precision}, {"device", c.device},   {"scale", c.scale},
-              {"batch_sizes", c.batch_sizes}, {"steps", c.steps}, {"warmup", c.warmup},
+              {"batch_sizes", c.batch_sizes}, {"steps", c.steps}, {"warmup", c.warmup}, {"min_seconds", c.min_seconds},
               {"repeats", c.repeats}, {"threads", c.threads}, {"peers", c.peers},
               {"python", c.python},   {"project", c.project},     {"link_intra", c.link_intra},
               {"link_inter", c.link_inter}, {"backends", c.backends}, {"sweep", c.sweep},
@@ -182,6 +182,7 @@ Results results_from_json(const json& doc, const std::string& source) {
   c.batch_sizes = field_or<std::map<std::string, int>>(config, "batch_sizes", c.batch_sizes, where);
   c.steps = field_or<int>(config, "steps", c.steps, where);
   c.warmup = field_or<int>(config, "warmup", c.warmup, where);
+  c.min_seconds = field_or<double>(config, "min_seconds", 0.0, where);  // older files: exactly --steps
   c.repeats = field_or<int>(config, "repeats", c.repeats, where);
   c.threads = field_or<int>(config, "threads", c.threads, where);
   c.peers = field_or<std::string>(config, "peers", c.peers, where);

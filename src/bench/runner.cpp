@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -102,6 +103,11 @@ std::vector<std::string> worker_arguments(const BenchConfig& config, const Measu
     args[11] = std::to_string(std::max(config.warmup, 3));
     args.insert(args.end(), {"--sweep-min-bytes", std::to_string(config.sweep_min_bytes), "--sweep-max-bytes",
                              std::to_string(config.sweep_max_bytes)});
+  }
+  if (m.strategy != "sweep" && config.min_seconds > 0) {  // the sweep keeps its exact count per size
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", config.min_seconds);
+    args.insert(args.end(), {"--min-seconds", seconds});
   }
   if (data_parallel) {
     args.push_back("--replicas");

@@ -245,6 +245,9 @@ Command add_bench_command(CLI::App& app, int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--steps", config->steps, "Timed steps per measurement")->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--warmup", config->warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub->add_option("--min-seconds", config->min_seconds,
+                  "Each measurement times more steps than --steps where they take less than this (0: exactly --steps)")
+      ->check(CLI::Range(0.0, 3600.0))->capture_default_str();
   sub->add_option("--repeats", config->repeats, "Interleaved repeats of every measurement")
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--threads", config->threads, "Intra-op threads per process")->check(CLI::PositiveNumber)

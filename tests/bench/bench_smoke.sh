@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# bench_smoke.sh TANDEM PYTHON: `tandem bench` end to end with the tiny presets and two steps:
-# the report files appear, results.md holds a row for every configured (model, strategy, world)
-# and for each PyTorch peer, `tandem report` re-renders the same table from results.json, and
-# `tandem report A B` compares a run with itself at 1.00. Figures are never judged: no speed
+# bench_smoke.sh TANDEM PYTHON [strategies|backends]: `tandem bench` end to end with the tiny
+# presets and two steps. `strategies` (the default): the report files appear, results.md holds a
+# row for every configured (model, strategy, world) and for each PyTorch peer, `tandem report`
+# re-renders the same table from results.json, and `tandem report A B` compares a run with
+# itself at 1.00. `backends`: --backends gloo,mpi gives both rows, the sweep and the "Gloo vs MPI"
+# table. Two ctest tests, so that they run side by side. Figures are never judged: no speed
 # threshold here.
 set -euo pipefail
-tandem="$1"; python="$2"
+tandem="$1"; python="$2"; part="${3:-strategies}"
+[[ $part == strategies || $part == backends ]] || { echo "usage: bench_smoke.sh TANDEM PYTHON [strategies|backends]" >&2; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/../support/logs.sh"
 scratch_dir out  # on failure, every measurement's log is printed before the folder goes
+
+if [[ $part == strategies ]]; then
 models=(small medium large)
 strategies=(single dp-replicate dp-persistent ddp accelerate)
 
-"$tandem" bench --models small,medium,large --nproc 1,2 --scale tiny --steps 2 --warmup 1 --repeats 1 \
+"$tandem" bench --models small,medium,large --nproc 1,2 --scale tiny --steps 2 --warmup 1 --min-seconds 0.02 --repeats 1 \
   --python "$python" --peers on --project 4x1,8x4 --out "$out/run" | tee "$out/log"
 
 for f in results.json results.md throughput.png memory.png breakdown.png; do
@@ -61,10 +66,12 @@ rows=$(grep -cE "^\| (small|medium|large) \| .* \| 1\.00 \|" "$out/compare.md" |
 others=$(grep -E "^\| (small|medium|large) \| " "$out/compare.md" | grep -vcE "\| 1\.00 \|" || true)
 [[ $rows -gt 0 && $others -eq 0 ]] || { cat "$out/compare.md"; echo "FAIL: self-comparison is not 1.00 on every row"; exit 1; }
 
+fi
+
 # --backends gloo,mpi (where this build has MPI and mpirun is on PATH): DDP on both, the sweep on
 # both, the "Gloo vs MPI" table. Small: 9 measurements of the tiny MLP, no peers.
-if command -v mpirun > /dev/null; then
-  if "$tandem" bench --models small --strategies ddp --nproc 2 --scale tiny --steps 2 --warmup 1 --repeats 1 \
+if [[ $part == backends ]] && command -v mpirun > /dev/null; then
+  if "$tandem" bench --models small --strategies ddp --nproc 2 --scale tiny --steps 2 --warmup 1 --min-seconds 0 --repeats 1 \
        --peers off --backends gloo,mpi --sweep --sweep-min-bytes 65536 --sweep-max-bytes 262144 \
        --out "$out/mpi" > "$out/mpi.log" 2>&1; then
     md="$out/mpi/results.md"
@@ -79,4 +86,9 @@ if command -v mpirun > /dev/null; then
     echo "FAIL: tandem bench --backends gloo,mpi"; exit 1  # the logs follow (scratch_dir)
   fi
 fi
-echo "bench_smoke: ok ($(grep -cE '^\| [^|]* \| (Tandem|PyTorch|HF)' "$out/run/results.md") rows)"
+if [[ $part == strategies ]]; then
+  echo "bench_smoke: ok ($(grep -cE '^\| [^|]* \| (Tandem|PyTorch|HF)' "$out/run/results.md") rows)"
+elif [[ $part == backends ]]; then
+  command -v mpirun > /dev/null || echo "bench_smoke: --backends mpi skipped: no mpirun on PATH"
+  echo "bench_smoke: backends ok"
+fi
