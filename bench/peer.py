@@ -361,8 +361,9 @@ class Loop:
         a = self.a
         if a.min_seconds <= 0 or a.warmup == 0 or self.slowest is None:
             return a.steps
-        wanted = math.ceil(a.min_seconds / max(self.slowest(step_seconds), 1e-6))
-        return int(min(max(wanted, a.steps), 100000))
+        # At most 100,000 steps for the time (a step of a microsecond), never fewer than --steps.
+        wanted = min(math.ceil(a.min_seconds / max(self.slowest(step_seconds), 1e-6)), 100000)
+        return max(a.steps, int(wanted))
 
 
 def minor_faults():

@@ -174,8 +174,9 @@ struct Loop {
       pg->all_reduce(slowest, comm::ReduceOp::Max);
       step_seconds = slowest.item<double>();
     }
-    const double wanted = std::ceil(o.min_seconds / std::max(step_seconds, 1e-6));
-    return static_cast<int>(std::clamp(wanted, static_cast<double>(o.steps), 100000.0));
+    // At most 100,000 steps for the time (a step of a microsecond), never fewer than --steps.
+    const double wanted = std::min(std::ceil(o.min_seconds / std::max(step_seconds, 1e-6)), 100000.0);
+    return std::max(o.steps, static_cast<int>(wanted));
   }
 };
 
@@ -364,21 +365,23 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     }
     r.buckets = static_cast<int64_t>(bucket_bytes.size());
     r.bucket_bytes = bucket_bytes;
-    auto time_allreduce = [&](const std::vector<int64_t>& layout) {
+    // The same bytes all-reduced flat (one buffer) and in DDP's buckets; the record's step times,
+    // steps and faults are the buckets'.
+    auto time_allreduce = [&](const std::vector<int64_t>& layout, Loop& l) {
       std::vector<at::Tensor> tensors;
       for (int64_t bytes : layout) tensors.push_back(at::ones({bytes / 4}, at::TensorOptions().device(device)));
-      Loop l(o, pg.get());
       l.run([&] {
         std::vector<c10::intrusive_ptr<c10d::Work>> works;
         for (auto& t : tensors) works.push_back(pg->all_reduce_async(t));
         for (auto& w : works) pg->wait(w, "benchmark all_reduce");
       });
-      return l.times;
     };
-    auto flat = time_allreduce({r.grad_bytes});
-    r.times = time_allreduce(bucket_bytes);
+    Loop flat(o, pg.get()), bucketed(o, pg.get());
+    time_allreduce({r.grad_bytes}, flat);
+    time_allreduce(bucket_bytes, bucketed);
+    r.take(bucketed);
     r.allreduce_p50 = percentile(r.times, 0.5);
-    r.flat_allreduce_p50 = percentile(flat, 0.5);
+    r.flat_allreduce_p50 = percentile(flat.times, 0.5);
   }
   if (o.strategy != "allreduce") r.take(loop);
   return r;
@@ -397,7 +400,7 @@ Result sweep(const Options& o, const std::shared_ptr<comm::ProcessGroup>& pg, co
     Loop loop(o);
     loop.run([&] { pg->wait(pg->all_reduce_async(t), "benchmark sweep all_reduce"); });
     r.sweep->push_back(Json{{"bytes", bytes}, {"p50_s", percentile(loop.times, 0.5)}});
-    r.times = std::move(loop.times);
+    r.take(loop);
   }
   return r;
 }
@@ -567,7 +570,7 @@ int main(int argc, char** argv) {
       record["peak_mem_bytes"] = peak;
       record["mem_kind"] = mem_kind;
       record["rank_faults_per_step"] = faults;
-      record["host_allocator"] = allocator.tuned ? "keep-freed" : "system";
+      record["host_allocator"] = allocator.mode;
       if (r.allreduce_p50) record["allreduce_p50_s"] = *r.allreduce_p50;
       if (r.flat_allreduce_p50) record["flat_allreduce_p50_s"] = *r.flat_allreduce_p50;
       if (r.sweep) record["sweep"] = *r.sweep;

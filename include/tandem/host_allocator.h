@@ -2,12 +2,14 @@
 // The host allocator's setting for training processes (Note [Host allocator] in
 // src/common/host_allocator.cpp): glibc's malloc keeps freed memory for reuse instead of handing
 // it back to the kernel, so a training step stops paying page faults for its activations.
+// TANDEM_HOST_ALLOCATOR other than keep-freed or system: tandem::Error on every call.
 #include <string>
 
 namespace tandem {
 
 struct HostAllocatorSetting {
-  bool tuned = false;  // freed memory is kept for reuse (mallopt applied)
+  bool tuned = false;  // freed memory is kept for reuse (mallopt accepted)
+  std::string mode;    // "keep-freed", "system", "tunables" (GLIBC_TUNABLES), "unchanged" (refused)
   std::string detail;  // what was set, or why nothing was (one line)
 };
 

@@ -87,6 +87,7 @@ Run run_from_record(const json& record) {
   if (record.contains("versions")) r.versions = record["versions"];
   if (!r.unsupported.empty()) return r;
   r.batch_per_device = field<int64_t>(record, "batch_per_device", where);
+  r.steps = field_or<int>(record, "steps", 0, where);
   r.params = field<int64_t>(record, "params", where);
   r.grad_bytes = field<int64_t>(record, "grad_bytes", where);
   r.buckets = field_or<int>(record, "buckets", 0, where);
@@ -123,6 +124,7 @@ json to_json(const Run& r) {
             {"buckets", r.buckets}, {"bucket_bytes", r.bucket_bytes}, {"p50_s", r.p50_s}, {"p95_s", r.p95_s},
             {"forward_p50_s", r.forward_s}, {"backward_p50_s", r.backward_s}, {"optimizer_p50_s", r.optimizer_s},
             {"peak_mem_bytes", r.peak_mem_bytes}, {"mem_kind", r.mem_kind}});
+  if (r.steps > 0) j["steps"] = r.steps;
   if (!r.faults_per_step.empty()) j["rank_faults_per_step"] = r.faults_per_step;
   if (!r.host_allocator.empty()) j["host_allocator"] = r.host_allocator;
   if (r.strategy == "allreduce") {

@@ -27,6 +27,7 @@ struct Run {
   int nodes = 1;
   int repeat = 0;                 // -1: outside the repeats (the link sweep)
   int64_t batch_per_device = 0, params = 0, grad_bytes = 0;
+  int steps = 0;                  // timed steps run (--min-seconds may run more than asked); 0: not recorded
   int buckets = 0;
   std::vector<int64_t> bucket_bytes;
   double p50_s = 0, p95_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;

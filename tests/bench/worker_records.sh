@@ -18,7 +18,7 @@ fi
 source "$(dirname "$0")/../support/logs.sh"
 scratch_dir dir  # on failure every measurement's log is printed (a rejected record's included)
 export OMP_NUM_THREADS=1
-common=(--scale tiny --steps 2 --warmup 1 --batch-size 2 --threads 1 --sweep-max-bytes 16384)
+common=(--scale tiny --steps 2 --batch-size 2 --threads 1 --sweep-max-bytes 16384)
 n=0
 failed=0
 # run IMPL NPROC MODEL STRATEGY [FLAGS...]: one measurement; its record goes to $dir/$n.jsonl and
@@ -30,7 +30,7 @@ run() {
   [[ "$impl" == pytorch ]] && cmd=("$python" "$peer")
   # Bounded (a few seconds each here): a hang fails this measurement with its log, not the test.
   if ! timeout -k 5 120 "$cli" run --nproc-per-node "$nproc" -- "${cmd[@]}" --model "$model" --strategy "$strategy" \
-      "${common[@]}" "$@" --out "$dir/$n.jsonl" >"$dir/$n.log" 2>&1; then
+      "${common[@]}" --warmup "${WARMUP:-1}" "$@" --out "$dir/$n.jsonl" >"$dir/$n.log" 2>&1; then
     echo "FAILED (exit $?): #$n $impl nproc $nproc $model $strategy $*; its log, $n.log, is printed at exit"
     failed=1
   fi
@@ -69,9 +69,10 @@ done
 run tandem 1 large accelerate --precision bf16
 run pytorch 1 large accelerate --precision fp16
 run tandem 1 medium dp-persistent --precision bf16 --replicas 2
-# --min-seconds: the ranks agree on more steps than --steps when those would take less time.
+# --min-seconds: the ranks agree on more steps than --steps when those would take less time. Three
+# warm-up steps: the count comes from the last one, past DDP's first-iteration work.
 for impl in tandem pytorch; do
-  run "$impl" 2 small ddp --min-seconds 0.2
+  WARMUP=3 run "$impl" 2 small ddp --min-seconds 0.5
 done
 echo "$n measurements in $((SECONDS - start)) s"
 
@@ -151,9 +152,10 @@ for line in open(os.path.join(d, "plan.tsv")):
     raw = strategy in ("allreduce", "sweep")
     checks = {
         "batch_per_device == 2": r["batch_per_device"] == 2,
-        # --min-seconds 0.2: tiny steps take well under 0.1 s, so more than 2 of them.
-        "steps == 2 (more with --min-seconds), warmup == 1, threads == 1":
-            (r["steps"] > 2 if "--min-seconds" in flags else r["steps"] == 2) and (r["warmup"], r["threads"]) == (1, 1),
+        # --min-seconds 0.5 (after 3 warm-up steps): tiny steps take well under 0.25 s, so more than 2.
+        "steps == 2 and warmup == 1 (more steps and 3 with --min-seconds), threads == 1":
+            (r["steps"] > 2 and r["warmup"] == 3 if "--min-seconds" in flags else (r["steps"], r["warmup"]) == (2, 1))
+            and r["threads"] == 1,
         "params a positive int (0 for sweep)": isinstance(r["params"], int) and
             (r["params"] == 0 if strategy == "sweep" else r["params"] > 0),
         "grad_bytes == 4 * params": r["grad_bytes"] == 4 * r["params"],
