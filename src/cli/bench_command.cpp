@@ -142,8 +142,8 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
   std::error_code ec;
   std::filesystem::create_directories(flags.out + "/logs", ec);
   TANDEM_CHECK(!ec, "--out: cannot create ", flags.out, "/logs: ", ec.message());
-  std::printf("tandem bench: %zu measurements (%d repeats, %d steps + %d warm-up each) into %s\n", planned.size(),
-              config.repeats, config.steps, config.warmup, flags.out.c_str());
+  std::printf("tandem bench: %zu measurements (%d repeats, %d steps + %d warm-up each, at least %g s of steps) into %s\n",
+              planned.size(), config.repeats, config.steps, config.warmup, config.min_seconds, flags.out.c_str());
   std::fflush(stdout);
 
   const auto start = std::chrono::steady_clock::now();
