@@ -598,7 +598,7 @@ class Measurement:
             peak = [torch.cuda.max_memory_allocated(d) for d in result["devices"]]
         return dict(
             record_head(a, self.world),
-            batch_per_device=a.batch_size, steps=loop.steps or a.steps, warmup=a.warmup, threads=a.threads,
+            batch_per_device=a.batch_size, steps=loop.steps, warmup=a.warmup, threads=a.threads,
             params=result["params"], grad_bytes=result["grad_bytes"], buckets=result["buckets"],
             p50_s=percentile(loop.times, 0.5), p95_s=percentile(loop.times, 0.95),
             rank_p50_s=[g[0].item() for g in gathered],

@@ -554,7 +554,7 @@ int main(int argc, char** argv) {
       // strategies communicate with nobody: no backend to name).
       if (!o.cuda() && o.strategy != "single" && !o.dp()) record["backend"] = comm::to_string(pg->cpu_backend());
       record["batch_per_device"] = o.batch;
-      record["steps"] = r.steps > 0 ? r.steps : o.steps;  // --min-seconds may have run more
+      record["steps"] = r.steps;  // what ran: --min-seconds may have run more than --steps
       record["warmup"] = o.warmup;
       record["threads"] = o.threads;
       record["params"] = r.params;
