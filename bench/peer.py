@@ -9,7 +9,7 @@ MASTER_ADDR, MASTER_PORT; Gloo on CPU, NCCL on CUDA. Strategies: single (plain l
 (torch.nn.DataParallel over --replicas CUDA devices). dp-replicate, dp-persistent, allreduce and
 sweep are Tandem's alone: they give the "unsupported" record, as does any combination that
 cannot run here. Rank 0 appends one JSON line to --out (or prints it); every rank exits 0.
-Bad flags: one line on stderr, exit 2.
+Bad flags: one line on stderr, exit 2. --list-strategies prints STRATEGIES as JSON.
 """
 import argparse
 import gc
@@ -21,8 +21,24 @@ import sys
 import time
 
 RECORD = "tandem-bench-run/1"
-STRATEGIES = ["single", "ddp", "ddp-no-sync", "accelerate", "dp-replicate", "dp-persistent", "dp", "allreduce",
-              "sweep"]
+# Every strategy of Tandem's table (src/bench/strategies.cpp), in its order: how it occupies its
+# devices (alone, replicas in one process, or ranks) and whether this peer measures it. The test
+# bench.strategies.peer holds this table to `tandem-bench-worker --list-strategies`.
+STRATEGIES = {
+    "single": ("alone", True),
+    "dp-replicate": ("replicas", False),
+    "dp-persistent": ("replicas", False),
+    "ddp": ("ranks", True),
+    "accelerate": ("ranks", True),
+    "dp": ("replicas", True),
+    "ddp-no-sync": ("ranks", True),
+    "allreduce": ("ranks", False),
+    "sweep": ("ranks", False),
+}
+
+
+def launch(a):
+    return STRATEGIES[a.strategy][0]
 
 # ---- flags and the record -------------------------------------------------------------------------
 
@@ -58,7 +74,7 @@ def parse_flags(argv=None):
     ap = Parser(description="One measurement of PyTorch, the peer of tandem-bench-worker")
     ap.add_argument("--model", choices=["small", "medium", "large"], default="small")
     ap.add_argument("--scale", choices=["tiny", "cpu", "full"], default="cpu")
-    ap.add_argument("--strategy", choices=STRATEGIES, default="ddp")
+    ap.add_argument("--strategy", choices=list(STRATEGIES), default="ddp")
     ap.add_argument("--batch-size", type=positive, default=32, help="samples per device")
     ap.add_argument("--steps", type=positive, default=20, help="timed steps")
     ap.add_argument("--warmup", type=non_negative, default=3, help="untimed steps first")
@@ -71,7 +87,11 @@ def parse_flags(argv=None):
     ap.add_argument("--sweep-min-bytes", type=positive, default=4096, help="sweep: smallest buffer (the worker's)")
     ap.add_argument("--sweep-max-bytes", type=positive, default=64 << 20, help="sweep: largest buffer")
     ap.add_argument("--out", help="append the record here (default: stdout)")
+    ap.add_argument("--list-strategies", action="store_true", help="print STRATEGIES as JSON and exit")
     a = ap.parse_args(argv)
+    if a.list_strategies:
+        print(json.dumps({name: {"launch": how, "pytorch": measured} for name, (how, measured) in STRATEGIES.items()}))
+        sys.exit(0)
     if a.sweep_max_bytes < 4096:
         ap.error(f"--sweep-max-bytes: {a.sweep_max_bytes} is below 4096")
     return a
@@ -79,7 +99,7 @@ def parse_flags(argv=None):
 
 def record_world(a, world):
     """Devices used: the replicas for dp (and the worker's dp-*), else the ranks."""
-    return a.replicas if a.strategy in ("dp", "dp-replicate", "dp-persistent") else world
+    return a.replicas if launch(a) == "replicas" else world
 
 
 def record_head(a, world):
@@ -104,9 +124,11 @@ def unsupported_without_torch(a, world):
                 "(dp-replicate and dp-persistent are Tandem's)")
     if a.strategy in ("allreduce", "sweep"):
         return f"{a.strategy} times Tandem's process group: the Tandem worker measures it, not the PyTorch peer"
+    if not STRATEGIES[a.strategy][1]:
+        return f"{a.strategy} is Tandem's alone: the Tandem worker measures it, not the PyTorch peer"
     if a.strategy == "dp" and a.device == "cpu":
         return "torch.nn.DataParallel replicates only across CUDA devices; on CPU it runs the module once"
-    if a.strategy in ("single", "dp") and world > 1:
+    if launch(a) != "ranks" and world > 1:
         return f"{a.strategy} runs in one process, but {world} were launched"
     return None
 
@@ -610,7 +632,7 @@ class Measurement:
             host_allocator="tunables" if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "") else "system",
             versions=self.versions,
             # CPU collectives: always Gloo here (PyTorch's wheel has no MPI); one process: none.
-            **({} if self.cuda or a.strategy in ("single", "dp") else {"backend": "gloo"}))
+            **({} if self.cuda or launch(a) != "ranks" else {"backend": "gloo"}))
 
 
 def main(argv=None):

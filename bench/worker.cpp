@@ -13,7 +13,9 @@
 // over R replicas in one process), allreduce (the model's gradient bytes all-reduced through the
 // process group, in DDP's bucket layout and flat), sweep (all_reduce of float32 buffers from
 // --sweep-min-bytes, 4 KiB by default, x4 apart up to --sweep-max-bytes, 64 MiB by default).
-// `dp` (torch.nn.DataParallel) is the peer's alone. The CPU collectives run on the backend
+// `dp` (torch.nn.DataParallel) is the peer's alone. The values and what each is (one process or
+// ranks, precisions, memory counting) come from the strategy table, src/bench/strategies.h;
+// --list-strategies prints it. The CPU collectives run on the backend
 // TANDEM_CPU_BACKEND or the launcher chose (`tandem run --backend gloo|mpi`); the record's
 // "backend" names the one the process group really used.
 //
@@ -40,6 +42,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/optim/sgd.h>
 
+#include "bench/strategies.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/amp/grad_scaler.h"
@@ -73,7 +76,9 @@ struct Options {
   int64_t sweep_min_bytes = 4096, sweep_max_bytes = int64_t{64} << 20;
 
   bool cuda() const { return device == "cuda"; }
-  bool dp() const { return strategy == "dp-replicate" || strategy == "dp-persistent"; }
+  const bench::Strategy& entry() const { return bench::lookup_strategy(strategy); }
+  /// One process driving --replicas devices (DataParallel).
+  bool dp() const { return entry().launch == bench::Launch::Replicas; }
 };
 
 // ---- timing ------------------------------------------------------------------------------------
@@ -319,7 +324,8 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     auto children = model->named_children();
     if (const auto* wrapper = children.find("wrapper")) {
       if (auto ddp = std::dynamic_pointer_cast<ddp::DistributedDataParallelImpl<Holder>>(*wrapper)) {
-        r.buckets = static_cast<int64_t>(ddp->reducer().buckets().size());
+        r.bucket_bytes = bucket_layout(*ddp);
+        r.buckets = static_cast<int64_t>(r.bucket_bytes.size());
       }
     }
   } else if (o.dp()) {
@@ -408,9 +414,7 @@ Result sweep(const Options& o, const std::shared_ptr<comm::ProcessGroup>& pg, co
 // ---- the record --------------------------------------------------------------------------------
 
 /// Devices used: the replicas for dp-* (and the peer's dp), else the ranks.
-int record_world(const Options& o, const comm::World& world) {
-  return o.dp() || o.strategy == "dp" ? o.replicas : world.world_size;
-}
+int record_world(const Options& o, const comm::World& world) { return o.dp() ? o.replicas : world.world_size; }
 
 Json record_head(const Options& o, const comm::World& world) {
   return Json{{"record", kRecord},       {"impl", "tandem"},          {"model", o.model},
@@ -435,12 +439,13 @@ void emit(const Options& o, const Json& record) {
 /// Why this combination cannot run here, or nothing. Decided alike on every rank, before any
 /// collective, so every rank exits 0 together.
 std::optional<std::string> unsupported(const Options& o, const comm::World& world) {
-  if (o.strategy == "dp") {
-    return "dp is torch.nn.DataParallel (the PyTorch peer's); Tandem's DataParallel is measured as dp-replicate "
-           "(PyTorch's semantics) and dp-persistent";
-  }
-  if ((o.strategy == "single" || o.dp()) && world.world_size > 1) {
+  const bench::Strategy& entry = o.entry();
+  if (!entry.tandem) return o.strategy + " is " + entry.summary + ": the PyTorch peer measures it, not Tandem's worker";
+  if (entry.launch != bench::Launch::Ranks && world.world_size > 1) {
     return o.strategy + " runs in one process, but " + std::to_string(world.world_size) + " were launched";
+  }
+  if (std::find(entry.precisions.begin(), entry.precisions.end(), o.precision) == entry.precisions.end()) {
+    return o.strategy + " does not support --precision " + o.precision;
   }
   if (o.cuda()) {
     if (!built_with_cuda()) return std::string("this tandem-bench-worker was built without CUDA");
@@ -472,9 +477,9 @@ int main(int argc, char** argv) {
   CLI::App app{"tandem-bench-worker: one measurement of Tandem (started by `tandem bench` through `tandem run`)"};
   app.add_option("--model", o.model)->check(CLI::IsMember({"small", "medium", "large"}));
   app.add_option("--scale", o.scale)->check(CLI::IsMember({"tiny", "cpu", "full"}));
-  app.add_option("--strategy", o.strategy)
-      ->check(CLI::IsMember(
-          {"single", "ddp", "ddp-no-sync", "accelerate", "dp-replicate", "dp-persistent", "dp", "allreduce", "sweep"}));
+  app.add_option("--strategy", o.strategy)->check(CLI::IsMember(bench::strategy_names({})));
+  bool list = false;
+  app.add_flag("--list-strategies", list, "print the strategy table (src/bench/strategies.h), one JSON line each");
   app.add_option("--batch-size", o.batch, "samples per device")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--steps", o.steps, "timed steps")->check(CLI::Range(1, 1 << 30));
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::Range(0, 1 << 30));
@@ -493,6 +498,10 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     std::fprintf(stderr, "tandem-bench-worker: %s\n", e.what());
     return 2;
+  }
+  if (list) {
+    for (const auto& s : bench::strategies()) std::printf("%s\n", bench::to_json(s).dump().c_str());
+    return 0;
   }
   if (o.sweep_min_bytes % 4 != 0 || o.sweep_min_bytes > o.sweep_max_bytes) {
     std::fprintf(stderr, "tandem-bench-worker: --sweep-min-bytes %lld must be a multiple of 4, at most --sweep-max-bytes %lld\n",
@@ -544,7 +553,7 @@ int main(int argc, char** argv) {
         faults.push_back(std::round(t[2].item<double>()));
       }
       std::string mem_kind = o.cuda() ? "cuda" : "rss";
-      if (o.dp()) {
+      if (o.entry().memory == bench::Memory::ReplicaAccounting) {  // DataParallel: each replica's bytes
         peak = Json::array();
         for (int64_t bytes : o.cuda() ? r.device_bytes : r.replica_bytes) peak.push_back(bytes);
         if (!o.cuda()) mem_kind = "replica";
@@ -552,7 +561,7 @@ int main(int argc, char** argv) {
       Json record = record_head(o, world);
       // The engine of the CPU collectives, as the process group resolved it (the one-process
       // strategies communicate with nobody: no backend to name).
-      if (!o.cuda() && o.strategy != "single" && !o.dp()) record["backend"] = comm::to_string(pg->cpu_backend());
+      if (!o.cuda() && o.entry().launch == bench::Launch::Ranks) record["backend"] = comm::to_string(pg->cpu_backend());
       record["batch_per_device"] = o.batch;
       record["steps"] = r.steps;  // what ran: --min-seconds may have run more than --steps
       record["warmup"] = o.warmup;

@@ -1,5 +1,7 @@
 #include "bench/analysis.h"
 
+#include <algorithm>
+
 namespace tandem::bench {
 
 using nlohmann::json;
@@ -19,11 +21,22 @@ json link_json(const std::optional<Link>& link) {
 }  // namespace
 
 Analysis analyze(const Results& results) {
+  const RunIndex index(results);
   Analysis a;
-  a.rows = summarize(results);
+  a.rows = summarize(index);
   a.recommendations = recommend(a.rows, results.config.models);
-  a.scaling = project_run(results);
-  a.backends = compare_backends(results);
+  a.scaling = project_run(index);
+  a.backends = compare_backends(index);
+  for (const Run* r : index.sweeps()) {
+    if (r->nodes == 1) a.sweeps.push_back(*r);
+  }
+  std::stable_sort(a.sweeps.begin(), a.sweeps.end(), [](const Run& x, const Run& y) {
+    return x.world != y.world ? x.world < y.world : x.backend < y.backend;
+  });
+  for (const Run* r : index.unsupported()) a.not_measured.push_back(*r);
+  const auto& backends = results.config.backends;
+  a.names_backends = index.has_backend("mpi") || std::find(backends.begin(), backends.end(), "mpi") != backends.end();
+  a.torch_version = index.torch_version();
   return a;
 }
 

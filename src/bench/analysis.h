@@ -15,8 +15,14 @@ struct Analysis {
   std::vector<Recommendation> recommendations;
   Scaling scaling;
   std::vector<BackendComparison> backends;  // "Gloo vs MPI", when a run measured both
+  // What the renderers show besides: none of them reads the run list.
+  std::vector<Run> sweeps;        // one node's link sweeps, by world, then backend
+  std::vector<Run> not_measured;  // the runs whose worker said they cannot run here
+  bool names_backends = false;    // a run or the configuration names MPI: labels carry their backend
+  std::string torch_version;      // of the first record that names one
 };
 
+/// Indexes the runs once (run_index.h) and derives everything from that index.
 Analysis analyze(const Results& results);
 
 /// The derived sections of results.json ("rows", "recommendations", "links", "projections",

@@ -29,22 +29,15 @@ std::string params_text(int64_t params) {
   return params >= 1000000 ? num(params / 1e6, 2) + " M" : num(params / 1e3, 0) + " k";
 }
 
+// The strategy table's label (a name it lacks: "Tandem NAME" / "PyTorch NAME").
 std::string base_label(const Row& r) {
-  if (r.impl == "tandem") return r.strategy == "accelerate" ? "Tandem Accelerator" : "Tandem " + r.strategy;
-  if (r.strategy == "accelerate") return "HF accelerate";
-  if (r.strategy == "dp") return "torch.nn.DataParallel";
-  return "PyTorch " + r.strategy;
+  const bool ours = r.impl == "tandem";
+  if (const Strategy* s = find_strategy(r.strategy)) return ours ? s->label : s->peer_label;
+  return (ours ? "Tandem " : "PyTorch ") + r.strategy;
 }
 
-// Whether the results name backends: a run that measured MPI (alone or beside Gloo). A Gloo-only
-// run's labels stay as they always were.
-bool names_backends(const Results& results) {
-  return std::any_of(results.runs.begin(), results.runs.end(), [](const Run& r) { return r.backend == "mpi"; }) ||
-         std::find(results.config.backends.begin(), results.config.backends.end(), "mpi") !=
-             results.config.backends.end();
-}
-
-// "Tandem ddp", or "Tandem ddp (mpi)" / "PyTorch ddp (gloo)" when the run compares backends.
+// "Tandem ddp", or "Tandem ddp (mpi)" / "PyTorch ddp (gloo)" when the run compares backends (it
+// measured MPI, alone or beside Gloo: a Gloo-only run's labels stay as they always were).
 std::string label(const Row& r, bool with_backend) {
   return with_backend && !r.backend.empty() ? base_label(r) + " (" + r.backend + ")" : base_label(r);
 }
@@ -58,35 +51,29 @@ std::string size_text(int64_t bytes) {
 }
 
 // The all-reduce sweeps, one column pair per (world, backend): p50 and bus bandwidth.
-void render_sweeps(const Results& results, std::ostringstream& md) {
-  std::vector<const Run*> sweeps;
-  for (const auto& r : results.runs) {
-    if (r.strategy == "sweep" && r.unsupported.empty() && !r.sweep.empty() && r.nodes == 1) sweeps.push_back(&r);
-  }
+void render_sweeps(const Analysis& analysis, std::ostringstream& md) {
+  const auto& sweeps = analysis.sweeps;
   if (sweeps.empty()) return;
-  std::stable_sort(sweeps.begin(), sweeps.end(), [](const Run* a, const Run* b) {
-    return a->world != b->world ? a->world < b->world : a->backend < b->backend;
-  });
   std::set<int64_t> sizes;
-  for (const Run* r : sweeps) {
-    for (const auto& p : r->sweep) sizes.insert(p.bytes);
+  for (const Run& r : sweeps) {
+    for (const auto& p : r.sweep) sizes.insert(p.bytes);
   }
   md << "\n## All-reduce sweep (float32 sum; p50 ms, bus bandwidth GB/s)\n\n| size |";
-  for (const Run* r : sweeps) {
-    md << " " << r->world << " ranks" << (r->backend.empty() ? "" : ", " + r->backend) << " ms | GB/s |";
+  for (const Run& r : sweeps) {
+    md << " " << r.world << " ranks" << (r.backend.empty() ? "" : ", " + r.backend) << " ms | GB/s |";
   }
   md << "\n|---|";
   for (size_t i = 0; i < sweeps.size(); ++i) md << "---|---|";
   md << "\n";
   for (int64_t bytes : sizes) {
     md << "| " << size_text(bytes) << " |";
-    for (const Run* r : sweeps) {
-      auto it = std::find_if(r->sweep.begin(), r->sweep.end(), [&](const SweepPoint& p) { return p.bytes == bytes; });
-      if (it == r->sweep.end() || it->seconds <= 0) {
+    for (const Run& r : sweeps) {
+      auto it = std::find_if(r.sweep.begin(), r.sweep.end(), [&](const SweepPoint& p) { return p.bytes == bytes; });
+      if (it == r.sweep.end() || it->seconds <= 0) {
         md << " – | – |";
         continue;
       }
-      const double busbw = static_cast<double>(bytes) / it->seconds * 2.0 * (r->world - 1) / r->world / 1e9;
+      const double busbw = static_cast<double>(bytes) / it->seconds * 2.0 * (r.world - 1) / r.world / 1e9;
       md << " " << num(it->seconds * 1e3, 3) << " | " << num(busbw, 2) << " |";
     }
     md << "\n";
@@ -100,9 +87,8 @@ void render_backends(const Analysis& analysis, std::ostringstream& md) {
         "| model | devices | measurement | Tandem Gloo ms | Tandem MPI ms | Gloo ÷ MPI | PyTorch (Gloo) ms "
         "| PyTorch ÷ Tandem MPI | PyTorch ÷ Tandem Gloo |\n|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& c : analysis.backends) {
-    const std::string what = c.strategy == "allreduce" ? "gradient all-reduce (DDP's buckets)"
-                             : c.strategy == "accelerate" ? "Accelerator step"
-                                                          : c.strategy + " step";
+    const Strategy* s = find_strategy(c.strategy);
+    const std::string what = s ? s->what : c.strategy + " step";
     md << "| " << c.model << " | " << c.world << " | " << what << " | " << cell(c.gloo_ms, 1) << " | "
        << cell(c.mpi_ms, 1) << " | " << cell(c.gloo_over_mpi, 2) << " | "
        << (c.peer_strategy.empty() ? "–" : cell(c.peer_ms, 1)) << " | " << cell(c.peer_over_mpi, 2) << " | "
@@ -141,23 +127,16 @@ std::string describe_machine(const Results& results) {
   return text;
 }
 
-std::string torch_version(const Results& results) {
-  for (const auto& r : results.runs) {
-    if (r.versions.contains("torch")) return r.versions.value("torch", std::string());
-  }
-  return "";
-}
-
 }  // namespace
 
 std::string render_markdown(const Results& results, const Analysis& analysis) {
   const auto& c = results.config;
-  const bool backends = names_backends(results);
+  const bool backends = analysis.names_backends;
   std::ostringstream md;
   md << "# tandem bench: " << results.created_utc << "\n\n";
   md << "- Machine: " << describe_machine(results) << "\n";
   md << "- Tandem " << results.tandem_version;
-  if (auto t = torch_version(results); !t.empty()) md << ", LibTorch/PyTorch " << t;
+  if (!analysis.torch_version.empty()) md << ", LibTorch/PyTorch " << analysis.torch_version;
   md << "; device " << c.device << ", precision " << c.precision << ", " << c.threads
      << " intra-op thread(s) per process, model presets '" << c.scale << "'\n";
   md << "- " << c.repeats << " repeats (interleaved), " << c.steps << " timed steps after " << c.warmup
@@ -193,7 +172,9 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
   md << "\nGradient: ";
   std::set<std::string> seen;
   for (const auto& r : analysis.rows) {
-    if (r.impl != "tandem" || r.strategy != "ddp" || !seen.insert(r.model).second) continue;
+    // The bucket layout is DDP's own row's (the one whose figures are its own runs).
+    const Strategy* s = find_strategy(r.strategy);
+    if (r.impl != "tandem" || !s || s->comm.synced != r.strategy || !seen.insert(r.model).second) continue;
     md << (seen.size() > 1 ? "; " : "") << r.model << " " << num(r.grad_bytes / 1e6, 2) << " MB in " << r.buckets
        << " bucket(s)";
   }
@@ -204,7 +185,7 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
   md << "\n## Where the step goes (ms, medians)\n\n";
   md << "| model | strategy | devices | step | compute (one device) | exposed comm | other |\n|---|---|---|---|---|---|---|\n";
   for (const auto& r : analysis.rows) {
-    if (r.impl != "tandem" || r.strategy == "single") continue;
+    if (r.impl != "tandem" || r.strategy == baseline().name) continue;
     md << "| " << r.model << " | " << label(r, backends) << " | " << devices(r) << " | " << median(r.p50_ms, 1) << " | "
        << median(r.compute_ms, 1) << " | " << median(r.exposed_comm_ms, 1) << " | " << median(r.other_ms, 1) << " |\n";
   }
@@ -217,7 +198,7 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
     md << "- **" << rec.model << ": " << recommendation_title(rec) << "**: " << rec.why << ".\n";
   }
 
-  render_sweeps(results, md);
+  render_sweeps(analysis, md);
 
   const auto& s = analysis.scaling;
   if (s.intra || s.inter || !s.notes.empty()) {
@@ -264,13 +245,10 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
     }
   }
 
-  bool any_unsupported = false;
-  for (const auto& r : results.runs) any_unsupported |= !r.unsupported.empty();
-  if (any_unsupported || !results.failures.empty()) {
+  if (!analysis.not_measured.empty() || !results.failures.empty()) {
     md << "\n## Not measured\n\n";
     std::set<std::string> said;
-    for (const auto& r : results.runs) {
-      if (r.unsupported.empty()) continue;
+    for (const auto& r : analysis.not_measured) {
       const std::string line = "- " + r.impl + " " + r.strategy + " (" + device_count(r.world) +
                                (backends ? backend_suffix(r.backend) : "") + "): " + r.unsupported;
       if (said.insert(line).second) md << line << "\n";
@@ -292,7 +270,7 @@ std::string render_comparison(const std::string& name_a, const Results& a, const
   md << "- B: " << name_b << " (" << b.created_utc << ", " << describe_machine(b) << ")\n\n";
   md << "| model | strategy | devices | A samples/s | B samples/s | B ÷ A | A p50 ms | B p50 ms |\n"
         "|---|---|---|---|---|---|---|---|\n";
-  const bool backends = names_backends(a) || names_backends(b);
+  const bool backends = analysis_a.names_backends || analysis_b.names_backends;
   auto label = [&](const Row& r) { return bench::label(r, backends); };
   std::vector<std::string> only;
   for (const auto& ra : analysis_a.rows) {

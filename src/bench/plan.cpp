@@ -7,22 +7,6 @@
 
 namespace tandem::bench {
 
-const std::vector<std::string>& user_strategies() {
-  static const std::vector<std::string> all{"single", "dp-replicate", "dp-persistent", "ddp", "accelerate"};
-  return all;
-}
-
-namespace {
-
-// PyTorch's counterpart of each of our strategies: both DataParallel modes face
-// torch.nn.DataParallel (which the peer reports unsupported on CPU).
-std::string peer_strategy(const std::string& ours) {
-  if (ours == "dp-replicate" || ours == "dp-persistent") return "dp";
-  return ours;
-}
-
-}  // namespace
-
 // Note [Backends]
 // `--backends gloo,mpi` compares the engines of CPU collectives (docs/design/mpi.md). Only
 // Tandem's multi-process measurements depend on one, so only they run once per backend (the
@@ -30,14 +14,19 @@ std::string peer_strategy(const std::string& ours) {
 // carry no backend, and the PyTorch peers run on Gloo alone, PyTorch's wheel having no MPI. Every
 // ratio to a peer therefore compares a Tandem backend with PyTorch on Gloo. Records written before
 // the flag existed have no backend: their multi-process runs were Gloo's.
-bool multi_process(const std::string& strategy) {
-  return !(strategy == "single" || strategy == "dp" || strategy.rfind("dp-", 0) == 0);
+
+namespace {
+
+bool runs_at(const Strategy& s, int world, bool at_world_one) {
+  switch (s.worlds) {
+    case Worlds::One: return world == 1;
+    case Worlds::AboveOne: return world > 1;
+    case Worlds::Any: return world > 1 || at_world_one;
+  }
+  return false;
 }
 
-std::string normal_backend(const std::string& strategy, const std::string& backend) {
-  if (!multi_process(strategy)) return "";
-  return backend.empty() ? "gloo" : backend;
-}
+}  // namespace
 
 std::vector<Measurement> measurements(const BenchConfig& config, bool with_peers) {
   std::vector<Measurement> out;
@@ -46,28 +35,33 @@ std::vector<Measurement> measurements(const BenchConfig& config, bool with_peers
     Measurement m{impl, model, strategy, world, normal_backend(strategy, backend)};
     if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
   };
-  auto add = [&](const std::string& impl, const std::string& model, const std::string& strategy, int world) {
-    if (impl != "tandem" || !multi_process(strategy)) return add_one(impl, model, strategy, world, "gloo");
-    for (const auto& backend : config.backends) add_one(impl, model, strategy, world, backend);
+  // `s` at `world`, on each backend it supports, then its PyTorch peer (on Gloo).
+  auto add = [&](const std::string& model, const Strategy& s, int world) {
+    if (s.launch != Launch::Ranks) {
+      add_one("tandem", model, s.name, world, "");
+    } else {
+      for (const auto& backend : config.backends) {
+        if (std::find(s.backends.begin(), s.backends.end(), backend) != s.backends.end()) {
+          add_one("tandem", model, s.name, world, backend);
+        }
+      }
+    }
+    if (with_peers && !s.peer.empty()) add_one("pytorch", model, s.peer, world, "gloo");
   };
   for (const auto& model : config.models) {
     // The one-device baseline, always: scaling efficiency and the step breakdown divide by it.
-    add("tandem", model, "single", 1);
-    if (with_peers) add("pytorch", model, "single", 1);
-    for (const auto& strategy : config.strategies) {
+    add(model, baseline(), 1);
+    for (const auto& name : config.strategies) {
+      const Strategy& s = lookup_strategy(name);
       for (int world : config.worlds) {
         // A wrapper over one device is the baseline plus overhead: measured only when asked for
         // (--at-world-one, e.g. a GPU check of each wrapper's cost on one device).
-        if (strategy == "single" || (world == 1 && !config.at_world_one)) continue;
-        add("tandem", model, strategy, world);
-        if (with_peers) add("pytorch", model, peer_strategy(strategy), world);
-        if (strategy == "ddp" || strategy == "accelerate") {  // the Accelerator's rows carry DDP's figures
-          add("tandem", model, "ddp", world);
-          if (with_peers) add("pytorch", model, "ddp", world);
-          if (world == 1) continue;  // one device: no communication to expose, no bus to measure
-          add("tandem", model, "ddp-no-sync", world);
-          if (with_peers) add("pytorch", model, "ddp-no-sync", world);
-          add("tandem", model, "allreduce", world);
+        if (s.role == Role::Baseline || !runs_at(s, world, config.at_world_one)) continue;
+        add(model, s, world);
+        if (s.comm.empty()) continue;
+        for (const auto& support : {s.comm.synced, s.comm.no_sync, s.comm.allreduce}) {
+          const Strategy& t = lookup_strategy(support);
+          if (runs_at(t, world, config.at_world_one)) add(model, t, world);
         }
       }
     }
@@ -91,7 +85,7 @@ std::vector<Planned> plan(const BenchConfig& config, bool with_peers) {
     for (int world : config.worlds) {
       if (world <= 1) continue;
       for (const auto& backend : config.backends) {
-        out.push_back({{"tandem", config.models.front(), "sweep", world, backend}, -1});
+        out.push_back({{"tandem", config.models.front(), link_sweep().name, world, backend}, -1});
       }
       if (!config.sweep) break;
     }

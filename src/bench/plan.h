@@ -7,10 +7,9 @@
 #include <utility>
 #include <vector>
 
-namespace tandem::bench {
+#include "bench/strategies.h"
 
-/// The strategies the user compares (`--strategies`), in the table's order.
-const std::vector<std::string>& user_strategies();
+namespace tandem::bench {
 
 /// The flags of `tandem bench`, after parsing. Defaults are the 10-minute run on 2 CPU cores.
 struct BenchConfig {
@@ -33,13 +32,6 @@ struct BenchConfig {
   int64_t sweep_min_bytes = 4096, sweep_max_bytes = int64_t{64} << 20;  // float32 buffers, x4 apart
 };
 
-/// Whether `strategy` runs as a process group of `world` ranks (and so on a CPU backend): the
-/// single loop and DataParallel run in one process and talk to no backend.
-bool multi_process(const std::string& strategy);
-
-/// "gloo" or "mpi" for a multi-process strategy (old records without one: "gloo"), "" otherwise.
-std::string normal_backend(const std::string& strategy, const std::string& backend);
-
 /// One measurement: a process group running one worker (ours or PyTorch's) once.
 struct Measurement {
   Measurement() = default;
@@ -58,13 +50,13 @@ struct Measurement {
   }
 };
 
-/// What runs once per repeat. Single runs at world 1, always (the baseline every ratio divides
-/// by); the other strategies at each world above 1 (and at 1 with `at_world_one`, without the
-/// supporting no-sync and all-reduce runs, which have nothing to expose on one device); DDP's no-sync twin and the bucketed all-reduce support the exposed-communication and
-/// bus-bandwidth columns; the PyTorch peers mirror ours when `with_peers`. `sweep` (once, not
-/// repeated, at the smallest world above one) is added by plan() when a projection was asked for.
-/// Tandem's multi-process measurements run once per backend of `config.backends`; the PyTorch
-/// peers always on Gloo (the wheel has no MPI); single and DataParallel once, with no backend.
+/// What runs once per repeat, read from the strategy table (strategies.h): the baseline at world
+/// 1, always (every ratio divides by it); each chosen strategy at the worlds its rule allows,
+/// followed by the runs its communication figures need (DDP's synced step, its no_sync twin and
+/// the bucketed all-reduce, each at the worlds its own rule allows); each with its PyTorch peer
+/// when `with_peers`. The link sweep (once, not repeated) is added by plan(). Tandem's
+/// multi-process measurements run once per backend of `config.backends` the strategy supports;
+/// the PyTorch peers always on Gloo (the wheel has no MPI); one-process ones once, with no backend.
 std::vector<Measurement> measurements(const BenchConfig& config, bool with_peers);
 
 struct Planned {

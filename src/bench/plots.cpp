@@ -97,17 +97,19 @@ std::string impl_label(const std::string& impl) {
   return impl;
 }
 
-// One colour per strategy; a PyTorch peer shares its Tandem counterpart's colour.
-std::string colour_of(const std::string& strategy) {
-  static const std::vector<std::pair<std::string, std::string>> known{
-      {"single", "#555555"},       {"ddp", "#0072B2"}, {"accelerate", "#009E73"},
-      {"dp-replicate", "#E69F00"}, {"dp-persistent", "#CC79A7"}, {"dp", "#D55E00"},
-      {"ddp(mpi)", "#56B4E9"},     {"accelerate(mpi)", "#882255"}};
-  for (const auto& [name, colour] : known) {
-    if (name == strategy) return colour;
+constexpr const char* kMpiSuffix = "(mpi)";  // an MPI row's series: "ddp(mpi)" (build_plots)
+
+// The strategy table's colour for a series; a PyTorch peer shares its Tandem counterpart's, an
+// MPI series has its own. A series the table gives none gets a spare one.
+std::string colour_of(const std::string& series) {
+  const size_t suffix = series.size() >= std::strlen(kMpiSuffix) ? series.size() - std::strlen(kMpiSuffix) : 0;
+  const bool mpi = suffix > 0 && series.compare(suffix, std::string::npos, kMpiSuffix) == 0;
+  if (const Strategy* s = find_strategy(mpi ? series.substr(0, suffix) : series)) {
+    const std::string& colour = mpi ? s->colour_mpi : s->colour;
+    if (!colour.empty()) return colour;
   }
   static const std::vector<std::string> spare{"#56B4E9", "#000000", "#F0E442", "#882255"};
-  size_t h = std::hash<std::string>{}(strategy);
+  size_t h = std::hash<std::string>{}(series);
   return spare[h % spare.size()];
 }
 
@@ -199,6 +201,7 @@ std::string panel_title(const std::string& model, const std::vector<const Row*>&
 // --- throughput.png --------------------------------------------------------------------------
 
 Plot throughput_plot(const std::string& dir, const Results& results, const std::vector<Row>& rows) {
+  const std::string& single_name = baseline().name;
   Plot p;
   p.name = "throughput";
   const std::string dat = join_path(dir, "plots/throughput.dat");
@@ -217,12 +220,12 @@ Plot throughput_plot(const std::string& dir, const Results& results, const std::
     std::vector<std::pair<std::string, std::string>> series;
     for (const Row* r : mine) {
       std::pair<std::string, std::string> key{r->impl, r->strategy};
-      if (r->strategy != "single" && std::find(series.begin(), series.end(), key) == series.end()) {
+      if (r->strategy != single_name && std::find(series.begin(), series.end(), key) == series.end()) {
         series.push_back(key);
       }
     }
     for (const Row* r : mine) {
-      if (r->strategy != "single") continue;
+      if (r->strategy != single_name) continue;
       const bool has_other = std::any_of(series.begin(), series.end(), [&](const auto& s) { return s.first == r->impl; });
       std::pair<std::string, std::string> key{r->impl, r->strategy};
       if (!has_other && std::find(series.begin(), series.end(), key) == series.end()) series.push_back(key);
@@ -233,13 +236,13 @@ Plot throughput_plot(const std::string& dir, const Results& results, const std::
       std::vector<const Row*> points;
       const Row* single = nullptr;
       for (const Row* r : mine) {
-        if (r->impl == impl && r->strategy == "single" && r->world == 1) single = r;
+        if (r->impl == impl && r->strategy == single_name && r->world == 1) single = r;
       }
       for (const Row* r : mine) {
         if (r->impl == impl && r->strategy == strategy) points.push_back(r);
       }
       std::sort(points.begin(), points.end(), [](const Row* a, const Row* b) { return a->world < b->world; });
-      const bool from_single = single && strategy != "single" && points.front()->world > 1;
+      const bool from_single = single && strategy != single_name && points.front()->world > 1;
       if (from_single) points.insert(points.begin(), single);
       data << "# model=" << model << " impl=" << impl << " strategy=" << strategy
            << (from_single ? " (world 1: the single-device run)" : "") << "\n"
@@ -327,7 +330,7 @@ Plot memory_plot(const std::string& dir, const Results& results, const std::vect
     if (measured.empty()) continue;
     std::vector<const Row*> shown;
     for (const Row* r : measured) {
-      if (r->world == widest || (r->strategy == "single" && r->world == 1)) shown.push_back(r);
+      if (r->world == widest || (r->strategy == baseline().name && r->world == 1)) shown.push_back(r);
     }
     data << "# model=" << model << " widest_world=" << widest << "\n"
          << "# impl strategy devices device0_median device0_min device0_max others_max_median others_max_min "
@@ -474,7 +477,7 @@ std::vector<Plot> build_plots(const std::string& dir, const Results& results, co
     rows.push_back(r);
     // Note [Backends] in plan.cpp: MPI's rows are series of their own, "ddp(mpi)" (one word: the
     // data files are whitespace-separated); Gloo's keep the plain names.
-    if (r.backend == "mpi") rows.back().strategy += "(mpi)";
+    if (r.backend == "mpi") rows.back().strategy += kMpiSuffix;
   }
   return {throughput_plot(dir, results, rows), memory_plot(dir, results, rows), breakdown_plot(dir, results, rows)};
 }

@@ -50,14 +50,15 @@ std::string recommendation_title(const Recommendation& rec) {
 std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::vector<std::string>& models) {
   std::vector<Recommendation> out;
   for (const auto& model : models) {
-    const Row* single = find_row(rows, model, "tandem", "single", 1);
+    const std::string& one_device = baseline().name;
+    const Row* single = find_row(rows, model, "tandem", one_device, 1);
     int widest = 1;
     for (const auto& r : rows) {
       if (r.model == model && r.impl == "tandem" && r.nodes == 1 && r.world > widest) widest = r.world;
     }
     std::vector<const Row*> candidates;
     for (const auto& r : rows) {
-      if (r.model == model && r.impl == "tandem" && r.world == widest && r.nodes == 1 && r.strategy != "single" &&
+      if (r.model == model && r.impl == "tandem" && r.world == widest && r.nodes == 1 && r.strategy != one_device &&
           !r.samples_per_s.empty()) {
         candidates.push_back(&r);
       }
@@ -84,7 +85,7 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
     const double base = single->samples_per_s.median;
     std::string why;
     if (!best || best->samples_per_s.median < base * kMargin) {
-      rec.strategy = "single";
+      rec.strategy = one_device;
       rec.world = 1;
       why = "one device: " + fmt("%.0f", base) + " samples/s";
       if (best) {

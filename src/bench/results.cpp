@@ -127,7 +127,7 @@ json to_json(const Run& r) {
   if (r.steps > 0) j["steps"] = r.steps;
   if (!r.faults_per_step.empty()) j["rank_faults_per_step"] = r.faults_per_step;
   if (!r.host_allocator.empty()) j["host_allocator"] = r.host_allocator;
-  if (r.strategy == "allreduce") {
+  if (const Strategy* s = find_strategy(r.strategy); s && s->timing == Timing::GradientAllReduce) {
     j["allreduce_p50_s"] = r.allreduce_p50_s;
     j["flat_allreduce_p50_s"] = r.flat_allreduce_p50_s;
   }

@@ -69,19 +69,22 @@ Tools find_tools(const std::string& python) {
   return t;
 }
 
-std::string probe_peers(const Tools& tools, bool need_accelerate, std::string& versions) {
+std::string probe_peers(const Tools& tools, const std::vector<std::string>& modules, std::string& versions) {
   if (!executable(tools.python)) return tools.python + " is not an executable Python (give --python)";
   if (::access(tools.peer.c_str(), R_OK) != 0) return "the peer script " + tools.peer + " is missing";
-  const std::string code = need_accelerate
-                               ? "import torch, accelerate; print(torch.__version__, accelerate.__version__)"
-                               : "import torch; print(torch.__version__)";
+  std::vector<std::string> imports{"torch"}, shown{"torch.__version__"};
+  for (const auto& m : modules) {
+    imports.push_back(m);
+    shown.push_back(m + ".__version__");
+  }
+  const std::string code = "import " + join(imports, ", ") + "; print(" + join(shown, ", ") + ")";
   Finished finished;
   const std::string out = output_of({tools.python, "-c", code}, 60, finished, stop_requested);
   if (finished.timed_out) return "probing " + tools.python + " for torch timed out after 60 s";
   if (finished.stopped) return "probing " + tools.python + " for torch interrupted";
   const std::string last = last_nonempty_line(out);  // warnings may come first
   if (!WIFEXITED(finished.status) || WEXITSTATUS(finished.status) != 0) {
-    return tools.python + " cannot import " + (need_accelerate ? "torch and accelerate" : "torch") + " (" + last + ")";
+    return tools.python + " cannot import " + join(imports, " and ") + " (" + last + ")";
   }
   versions = last;
   return "";
@@ -91,25 +94,26 @@ bool mpi_backend_built() { return TANDEM_BUILT_WITH_MPI != 0; }
 
 std::vector<std::string> worker_arguments(const BenchConfig& config, const Measurement& m,
                                           const std::string& record_path) {
-  const bool data_parallel = m.strategy.rfind("dp", 0) == 0;
+  const Strategy& s = lookup_strategy(m.strategy);
+  const bool sweep = s.timing == Timing::Sweep;
   auto batch = config.batch_sizes.find(m.model);
   std::vector<std::string> args{"--model", m.model, "--scale", config.scale, "--strategy", m.strategy,
                                 "--batch-size", std::to_string(batch == config.batch_sizes.end() ? 32 : batch->second),
                                 "--steps", std::to_string(config.steps), "--warmup", std::to_string(config.warmup),
                                 "--precision", config.precision, "--device", config.device,
                                 "--threads", std::to_string(config.threads), "--out", record_path};
-  if (m.strategy == "sweep") {  // the link fit needs clean points: at least 20 timed all-reduces per size
+  if (sweep) {  // the link fit needs clean points: at least 20 timed all-reduces per size
     args[9] = std::to_string(std::max(config.steps, 20));
     args[11] = std::to_string(std::max(config.warmup, 3));
     args.insert(args.end(), {"--sweep-min-bytes", std::to_string(config.sweep_min_bytes), "--sweep-max-bytes",
                              std::to_string(config.sweep_max_bytes)});
   }
-  if (m.strategy != "sweep" && config.min_seconds > 0) {  // the sweep keeps its exact count per size
+  if (!sweep && config.min_seconds > 0) {  // the sweep keeps its exact count per size
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%g", config.min_seconds);
     args.insert(args.end(), {"--min-seconds", seconds});
   }
-  if (data_parallel) {
+  if (s.launch == Launch::Replicas) {
     args.push_back("--replicas");
     args.push_back(std::to_string(m.world));
   }
@@ -119,8 +123,8 @@ std::vector<std::string> worker_arguments(const BenchConfig& config, const Measu
 Outcome run_measurement(const Tools& tools, const BenchConfig& config, const Planned& planned,
                         const std::string& log_path, const std::string& record_path, double timeout_s) {
   const Measurement& m = planned.measurement;
-  const bool data_parallel = m.strategy.rfind("dp", 0) == 0;  // one process, `world` replicas
-  std::vector<std::string> argv{tools.tandem, "run", "--nproc-per-node", std::to_string(data_parallel ? 1 : m.world)};
+  const bool ranks = lookup_strategy(m.strategy).launch == Launch::Ranks;  // else one process
+  std::vector<std::string> argv{tools.tandem, "run", "--nproc-per-node", std::to_string(ranks ? m.world : 1)};
   // Note [Backends] in plan.cpp: `--backend mpi` starts the ranks through mpirun. A one-process
   // measurement talks to no other rank; it gets Gloo whatever TANDEM_CPU_BACKEND the caller has.
   if (!m.backend.empty()) {

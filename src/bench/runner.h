@@ -23,9 +23,9 @@ struct Tools {
 /// Throws tandem::Error naming a missing worker.
 Tools find_tools(const std::string& python);
 
-/// What the Python can run: "" when it imports torch (and accelerate when `need_accelerate`),
-/// else the one-line reason. `versions` receives torch's (and accelerate's) version.
-std::string probe_peers(const Tools& tools, bool need_accelerate, std::string& versions);
+/// What the Python can run: "" when it imports torch and `modules` (the strategies' peer_modules,
+/// e.g. accelerate), else the one-line reason. `versions` receives their versions.
+std::string probe_peers(const Tools& tools, const std::vector<std::string>& modules, std::string& versions);
 
 struct Outcome {
   std::optional<Run> run;

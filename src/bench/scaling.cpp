@@ -39,22 +39,15 @@ std::string projection_backend(const Results& results) {
   return results.config.backends.empty() ? "gloo" : results.config.backends.front();
 }
 
-std::vector<const Run*> select(const Results& results, const std::string& model, const std::string& impl,
-                               const std::string& strategy, int world, int nodes) {
-  std::vector<const Run*> out;
-  const std::string backend = normal_backend(strategy, projection_backend(results));
-  for (const auto& r : results.runs) {
-    if (r.model == model && r.impl == impl && r.strategy == strategy && r.world == world && r.nodes == nodes &&
-        normal_backend(r.strategy, r.backend) == backend && r.unsupported.empty()) {
-      out.push_back(&r);
-    }
-  }
-  return out;
+// Tandem's timed runs of `strategy` on the projection's backend.
+const ByRepeat& select(const RunIndex& index, const std::string& model, const std::string& strategy, int world,
+                       int nodes) {
+  return index.repeats(model, "tandem", strategy, world, nodes, projection_backend(index.results()));
 }
 
-double median_of(const std::vector<const Run*>& runs, double Run::*field) {
+double median_of(const ByRepeat& runs, double Run::*field) {
   std::vector<double> v;
-  for (const Run* r : runs) v.push_back(r->*field);
+  for (const auto& [repeat, r] : runs) v.push_back(r->*field);
   return Median()(v);
 }
 
@@ -73,12 +66,14 @@ std::optional<Link> resolve_link(const std::string& spec, const Run* sweep, cons
 }
 
 // One model's validation rows and projections (Note [Projection from a run]).
-void project_model(const Results& results, const std::string& model, const std::function<double(int)>& sharing,
+void project_model(const RunIndex& index, const std::string& model, const std::function<double(int)>& sharing,
                    Scaling& out) {
+  const Results& results = index.results();
+  const CommFigures& ddp = lookup_strategy("ddp").comm;  // the model is DDP's (its buckets, its overlap)
   int calibration_world = 0;
   for (int w : results.config.worlds) {
-    if (w > 1 && !calibration_world && !select(results, model, "tandem", "ddp", w, 1).empty() &&
-        !select(results, model, "tandem", "ddp-no-sync", w, 1).empty()) {
+    if (w > 1 && !calibration_world && !select(index, model, ddp.synced, w, 1).empty() &&
+        !select(index, model, ddp.no_sync, w, 1).empty()) {
       calibration_world = w;
     }
   }
@@ -86,12 +81,12 @@ void project_model(const Results& results, const std::string& model, const std::
     out.notes.push_back(model + ": no synced and no-sync DDP pair on one node to calibrate from");
     return;
   }
-  const auto synced = select(results, model, "tandem", "ddp", calibration_world, 1);
-  const auto no_sync = select(results, model, "tandem", "ddp-no-sync", calibration_world, 1);
+  const auto& synced = select(index, model, ddp.synced, calibration_world, 1);
+  const auto& no_sync = select(index, model, ddp.no_sync, calibration_world, 1);
   StepProfile base;
   base.compute_s = median_of(no_sync, &Run::p50_s) / sharing(calibration_world);  // one unshared device
   base.backward_s = median_of(no_sync, &Run::backward_s) / sharing(calibration_world);
-  const Run& shape = *synced.front();
+  const Run& shape = *synced.begin()->second;
   base.bucket_bytes = shape.bucket_bytes;
   if (base.bucket_bytes.empty() && shape.buckets > 0) {  // older records: equal buckets
     base.bucket_bytes.assign(static_cast<size_t>(shape.buckets), shape.grad_bytes / shape.buckets);
@@ -112,13 +107,10 @@ void project_model(const Results& results, const std::string& model, const std::
   base.comm_scale = fit.comm_scale;
   // Validation: every world this run measured, one node and (netns runs) several.
   std::map<std::pair<int, int>, double> measured;
-  const auto singles = select(results, model, "tandem", "single", 1, 1);
+  const auto& singles = select(index, model, baseline().name, 1, 1);
   if (!singles.empty()) measured[{1, 1}] = median_of(singles, &Run::p50_s);
-  for (const auto& r : results.runs) {
-    if (r.model == model && r.impl == "tandem" && r.strategy == "ddp" && r.unsupported.empty() &&
-        normal_backend(r.strategy, r.backend) == normal_backend("ddp", projection_backend(results))) {
-      measured[{r.world, r.nodes}] = median_of(select(results, model, "tandem", "ddp", r.world, r.nodes), &Run::p50_s);
-    }
+  for (const auto& [world, nodes] : index.shapes(model, "tandem", ddp.synced, projection_backend(results))) {
+    measured[{world, nodes}] = median_of(select(index, model, ddp.synced, world, nodes), &Run::p50_s);
   }
   for (const auto& [key, seconds] : measured) {
     const auto [world, nodes] = key;
@@ -157,25 +149,23 @@ void project_model(const Results& results, const std::string& model, const std::
 
 }  // namespace
 
-Scaling project_run(const Results& results) {
+Scaling project_run(const RunIndex& index) {
+  const Results& results = index.results();
   Scaling out;
   // One node's sweep fits the intra-node link, a sweep across nodes the inter-node one.
   const Run* sweep = nullptr;
   const Run* sweep_across = nullptr;
   // Several sweeps (--sweep: every world, every backend): the projection's backend, and on one
   // node the smallest world, the one DDP is calibrated at (Note [Projection from a run]).
-  for (const auto& r : results.runs) {
-    if (r.strategy != "sweep" || !r.unsupported.empty() || r.sweep.empty() ||
-        normal_backend(r.strategy, r.backend) != normal_backend("sweep", projection_backend(results))) {
-      continue;
-    }
-    if (r.nodes > 1) {
-      sweep_across = &r;
-    } else if (!sweep || r.world < sweep->world) {
-      sweep = &r;
+  for (const Run* r : index.sweeps()) {
+    if (normal_backend(r->strategy, r->backend) != normal_backend(r->strategy, projection_backend(results))) continue;
+    if (r->nodes > 1) {
+      sweep_across = r;
+    } else if (!sweep || r->world < sweep->world) {
+      sweep = r;
     }
   }
-  const bool any_multinode = std::any_of(results.runs.begin(), results.runs.end(), [](const Run& r) { return r.nodes > 1; });
+  const bool any_multinode = *index.node_counts().rbegin() > 1;
   if (results.config.project.empty() && !sweep && !sweep_across) return out;
   if (const Run* shown = sweep_across ? sweep_across : sweep) {
     out.sweep = shown->sweep;
@@ -198,7 +188,7 @@ Scaling project_run(const Results& results) {
   };
   for (const auto& model : results.config.models) {
     try {
-      project_model(results, model, sharing, out);
+      project_model(index, model, sharing, out);
     } catch (const Error& e) {  // a broken record costs this model its projection, not the report
       out.notes.push_back(model + ": no projection: " + e.what());
     }

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "bench/projection.h"
-#include "bench/results.h"
+#include "bench/run_index.h"
 #include "bench/summary.h"
 
 namespace tandem::bench {
@@ -38,6 +38,6 @@ struct Scaling {
 };
 
 /// Empty (no links, no rows) when the run measured no sweep and asked for no projection.
-Scaling project_run(const Results& results);
+Scaling project_run(const RunIndex& index);
 
 }  // namespace tandem::bench

@@ -27,22 +27,6 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-using ByRepeat = std::map<int, const Run*>;
-
-// `backend` "" means the strategy's default: Gloo for a multi-process one, none otherwise.
-ByRepeat runs_of(const Results& results, const std::string& model, const std::string& impl,
-                 const std::string& strategy, int world, int nodes = 1, const std::string& backend = "") {
-  ByRepeat out;
-  const std::string wanted = normal_backend(strategy, backend);
-  for (const auto& r : results.runs) {
-    if (r.model == model && r.impl == impl && r.strategy == strategy && r.world == world && r.nodes == nodes &&
-        normal_backend(r.strategy, r.backend) == wanted && r.repeat >= 0 && r.unsupported.empty()) {
-      out[r.repeat] = &r;
-    }
-  }
-  return out;
-}
-
 double samples_per_s(const Run& r) { return static_cast<double>(r.batch_per_device) * r.world / r.p50_s; }
 
 // f over the repeats where every measurement it needs exists (f returns nullopt otherwise).
@@ -58,11 +42,6 @@ std::optional<double> at(const ByRepeat& runs, int repeat, const std::function<d
   auto it = runs.find(repeat);
   if (it == runs.end()) return std::nullopt;
   return f(*it->second);
-}
-
-std::string peer_of(const std::string& strategy) {
-  if (strategy == "dp-replicate" || strategy == "dp-persistent") return "dp";
-  return strategy;
 }
 
 // The backends to look for: the configuration's order, then any other a record names.
@@ -89,31 +68,31 @@ Stat stat_of(std::vector<double> values) {
   return s;
 }
 
-std::vector<Row> summarize(const Results& results) {
+std::vector<Row> summarize(const RunIndex& index) {
+  const Results& results = index.results();
   std::vector<Row> rows;
-  std::vector<std::string> strategies = user_strategies();
-  strategies.push_back("dp");  // torch.nn.DataParallel, the peer of both DataParallel modes
+  // The baseline, the compared strategies and torch.nn.DataParallel, the peer of both DataParallel modes.
+  const auto strategies = strategy_names({Role::Baseline, Role::Compared, Role::PeerOnly});
   std::vector<int> worlds{1};
   for (int w : results.config.worlds) {
     if (w > 1) worlds.push_back(w);
   }
-  std::set<int> node_counts{1};
-  for (const auto& r : results.runs) node_counts.insert(r.nodes);
   std::vector<std::pair<int, int>> shapes;  // (world, nodes)
   for (int world : worlds) {
-    for (int nodes : node_counts) shapes.emplace_back(world, nodes);
+    for (int nodes : index.node_counts()) shapes.emplace_back(world, nodes);
   }
   for (const auto& model : results.config.models) {
     for (const std::string impl : {"tandem", "pytorch"}) {
-      const auto single = runs_of(results, model, impl, "single", 1);
+      const auto& single = index.repeats(model, impl, baseline().name, 1);
       for (const auto& strategy : strategies) {
+        const Strategy& entry = lookup_strategy(strategy);
         // Note [Backends] in plan.cpp: a multi-process strategy has a row per backend measured.
         const auto row_backends = multi_process(strategy) ? backends_of(results) : std::vector<std::string>{""};
         for (size_t each = 0; each < shapes.size() * row_backends.size(); ++each) {
           const auto& shape = shapes[each / row_backends.size()];
           const std::string& backend = row_backends[each % row_backends.size()];
           const int world = shape.first, nodes = shape.second;
-          const auto runs = runs_of(results, model, impl, strategy, world, nodes, backend);
+          const auto& runs = index.repeats(model, impl, strategy, world, nodes, backend);
           if (runs.empty()) continue;
           const Run& first = *runs.begin()->second;
           Row row;
@@ -137,11 +116,14 @@ std::vector<Row> summarize(const Results& results) {
             if (!base) return std::nullopt;
             return samples_per_s(r) / r.world / *base;
           });
-          const bool over_ddp = strategy == "ddp" || strategy == "accelerate";
+          // The runs a strategy without communication figures names are "": none are found.
+          const CommFigures& comm = entry.comm;
+          const bool over_ddp = !comm.empty();
+          const auto& synced = index.repeats(model, impl, comm.synced, world, nodes, backend);
           // No no_sync run across nodes? The no_sync step does not communicate: one node's serves.
-          const auto synced = over_ddp ? runs_of(results, model, impl, "ddp", world, nodes, backend) : ByRepeat{};
-          auto no_sync = over_ddp ? runs_of(results, model, impl, "ddp-no-sync", world, nodes, backend) : ByRepeat{};
-          if (over_ddp && no_sync.empty()) no_sync = runs_of(results, model, impl, "ddp-no-sync", world, 1, backend);
+          const ByRepeat* no_sync_runs = &index.repeats(model, impl, comm.no_sync, world, nodes, backend);
+          if (no_sync_runs->empty()) no_sync_runs = &index.repeats(model, impl, comm.no_sync, world, 1, backend);
+          const ByRepeat& no_sync = *no_sync_runs;
           auto exposed_s = [&](int k) -> std::optional<double> {
             if (!over_ddp) return 0.0;
             auto s = at(synced, k, [](const Run& r) { return r.p50_s; });
@@ -154,7 +136,7 @@ std::vector<Row> summarize(const Results& results) {
               auto e = exposed_s(k);
               return e ? std::optional<double>(*e * 1e3) : std::nullopt;
             });
-            const auto allreduce = runs_of(results, model, "tandem", "allreduce", world, nodes, backend);
+            const auto& allreduce = index.repeats(model, "tandem", comm.allreduce, world, nodes, backend);
             if (impl == "tandem") {
               row.sync_busbw_GBps = over_repeats(allreduce, [](int, const Run& r) -> std::optional<double> {
                 if (r.allreduce_p50_s <= 0) return std::nullopt;
@@ -179,10 +161,10 @@ std::vector<Row> summarize(const Results& results) {
             if (r.peak_mem_bytes.size() < 2) return std::nullopt;
             return *std::max_element(r.peak_mem_bytes.begin() + 1, r.peak_mem_bytes.end()) / kMiB;
           });
-          if (impl == "tandem") {
-            const auto peer = runs_of(results, model, "pytorch", peer_of(strategy), world, nodes);
+          if (impl == "tandem" && !entry.peer.empty()) {
+            const auto& peer = index.repeats(model, "pytorch", entry.peer, world, nodes);
             if (!peer.empty()) {
-              row.peer_strategy = peer_of(strategy);
+              row.peer_strategy = entry.peer;
               row.vs_peer = over_repeats(runs, [&](int k, const Run& r) -> std::optional<double> {
                 auto theirs = at(peer, k, [](const Run& p) { return samples_per_s(p); });
                 if (!theirs) return std::nullopt;
@@ -210,7 +192,8 @@ const Row* find_row(const std::vector<Row>& rows, const std::string& model, cons
   return nullptr;
 }
 
-std::vector<BackendComparison> compare_backends(const Results& results) {
+std::vector<BackendComparison> compare_backends(const RunIndex& index) {
+  const Results& results = index.results();
   std::vector<BackendComparison> out;
   auto ratio = [](const ByRepeat& num, const ByRepeat& den, double Run::*field) {
     return over_repeats(num, [&](int k, const Run& n) -> std::optional<double> {
@@ -225,11 +208,15 @@ std::vector<BackendComparison> compare_backends(const Results& results) {
   for (const auto& model : results.config.models) {
     for (int world : results.config.worlds) {
       if (world < 2) continue;
-      for (const std::string strategy : {"ddp", "accelerate", "allreduce"}) {
-        const auto gloo = runs_of(results, model, "tandem", strategy, world, 1, "gloo");
-        const auto mpi = runs_of(results, model, "tandem", strategy, world, 1, "mpi");
+      for (const auto& entry : strategies()) {
+        // Each compared multi-process strategy's step, and the gradient's all-reduce alone.
+        const bool step = entry.role == Role::Compared && entry.launch == Launch::Ranks;
+        if (!step && entry.timing != Timing::GradientAllReduce) continue;
+        const std::string& strategy = entry.name;
+        const auto& gloo = index.repeats(model, "tandem", strategy, world, 1, "gloo");
+        const auto& mpi = index.repeats(model, "tandem", strategy, world, 1, "mpi");
         if (gloo.empty() || mpi.empty()) continue;
-        const auto field = strategy == "allreduce" ? &Run::allreduce_p50_s : &Run::p50_s;
+        const auto field = step ? &Run::p50_s : &Run::allreduce_p50_s;
         BackendComparison c;
         c.model = model;
         c.strategy = strategy;
@@ -237,10 +224,10 @@ std::vector<BackendComparison> compare_backends(const Results& results) {
         c.gloo_ms = ms(gloo, field);
         c.mpi_ms = ms(mpi, field);
         c.gloo_over_mpi = ratio(gloo, mpi, field);
-        if (strategy != "allreduce") {
-          const auto peer = runs_of(results, model, "pytorch", peer_of(strategy), world, 1, "gloo");
+        if (step && !entry.peer.empty()) {
+          const auto& peer = index.repeats(model, "pytorch", entry.peer, world, 1, "gloo");
           if (!peer.empty()) {
-            c.peer_strategy = peer_of(strategy);
+            c.peer_strategy = entry.peer;
             c.peer_ms = ms(peer, &Run::p50_s);
             c.peer_over_mpi = ratio(peer, mpi, &Run::p50_s);
             c.peer_over_gloo = ratio(peer, gloo, &Run::p50_s);

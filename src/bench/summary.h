@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/results.h"
+#include "bench/run_index.h"
 
 namespace tandem::bench {
 
@@ -42,9 +42,10 @@ struct Row {
   Stat vs_peer;              // Tandem samples/s / the peer's, within each repeat
 };
 
-/// Rows for the user-facing strategies of every measured (model, impl, world, nodes), Tandem's
-/// before PyTorch's, in the configuration's model and strategy order.
-std::vector<Row> summarize(const Results& results);
+/// Rows for the strategies with a row (strategies.h: Baseline, Compared, PeerOnly) of every
+/// measured (model, impl, world, nodes, backend), Tandem's before PyTorch's, in the
+/// configuration's model order and the strategy table's order.
+std::vector<Row> summarize(const RunIndex& index);
 
 /// The row of `impl` `strategy` at `world` on `nodes` for `model` on `backend` (""; Gloo for a
 /// multi-process strategy), if measured.
@@ -54,7 +55,7 @@ const Row* find_row(const std::vector<Row>& rows, const std::string& model, cons
 /// One line of the "Gloo vs MPI" table: the same Tandem measurement on both CPU backends, and
 /// PyTorch's counterpart on Gloo, each ratio taken within a repeat (Note [Backends] in plan.cpp).
 struct BackendComparison {
-  std::string model, strategy;  // ddp, accelerate, or allreduce (the gradient's all-reduce alone)
+  std::string model, strategy;  // a compared multi-process strategy, or the gradient's all-reduce alone
   int world = 2;
   Stat gloo_ms, mpi_ms;         // Tandem's step p50 (allreduce: the bucketed all-reduce's p50)
   Stat gloo_over_mpi;           // Gloo's time / MPI's: > 1 when MPI is faster
@@ -64,6 +65,6 @@ struct BackendComparison {
 };
 
 /// Every (model, world, strategy) Tandem measured on both Gloo and MPI, in the table's order.
-std::vector<BackendComparison> compare_backends(const Results& results);
+std::vector<BackendComparison> compare_backends(const RunIndex& index);
 
 }  // namespace tandem::bench

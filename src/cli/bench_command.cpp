@@ -29,7 +29,7 @@ namespace {
 
 struct Flags {
   std::string models = "small,medium,large";
-  std::string strategies = "single,dp-replicate,dp-persistent,ddp,accelerate";
+  std::string strategies = bench::join(bench::user_strategies(), ",");
   std::string nproc = "1,2";
   std::string scale;  // default: cpu on CPU, full on CUDA
   int batch_size = 0;  // 0: each model's default
@@ -106,19 +106,29 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
   for (const auto& a : flags.argv) results.command += (results.command.empty() ? "" : " ") + a;
   results.machine = bench::describe_machine();
 
+  // Peers that import more than torch (HF accelerate) are dropped alone when only that is missing.
+  std::vector<std::string> modules, needy;  // what they import; the PyTorch strategies that need it
+  for (const auto& name : config.strategies) {
+    const auto& s = bench::lookup_strategy(name);
+    if (s.peer_modules.empty()) continue;
+    needy.push_back(s.peer);
+    for (const auto& m : s.peer_modules) {
+      if (std::find(modules.begin(), modules.end(), m) == modules.end()) modules.push_back(m);
+    }
+  }
   bool with_peers = false;
-  bool peer_accelerate = false;
+  bool needy_peers = false;
   if (config.peers != "off") {
     std::string versions;
-    const bool want_accelerate =
-        std::find(config.strategies.begin(), config.strategies.end(), "accelerate") != config.strategies.end();
-    std::string why = bench::probe_peers(tools, want_accelerate, versions);
+    std::string why = bench::probe_peers(tools, modules, versions);
     TANDEM_CHECK(why.empty() || config.peers != "on", "--peers on: ", why);
-    peer_accelerate = want_accelerate && why.empty();
-    if (!why.empty() && want_accelerate) {  // torch alone still gives the other peers
+    needy_peers = !modules.empty() && why.empty();
+    if (!why.empty() && !modules.empty()) {  // torch alone still gives the other peers
       std::string torch_only;
-      if (bench::probe_peers(tools, false, torch_only).empty()) {
-        results.peers_note = "HF accelerate peer skipped: " + why;
+      if (bench::probe_peers(tools, {}, torch_only).empty()) {
+        std::vector<std::string> labels;
+        for (const auto& peer : needy) labels.push_back(bench::lookup_strategy(peer).peer_label);
+        results.peers_note = bench::join(labels, ", ") + " peer skipped: " + why;
         why.clear();
         versions = torch_only;
       }
@@ -132,10 +142,11 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
   results.config = config;
 
   auto planned = bench::plan(config, with_peers);
-  if (with_peers && !peer_accelerate) {
+  if (with_peers && !needy_peers) {
     planned.erase(std::remove_if(planned.begin(), planned.end(),
-                                 [](const bench::Planned& p) {
-                                   return p.measurement.impl == "pytorch" && p.measurement.strategy == "accelerate";
+                                 [&](const bench::Planned& p) {
+                                   return p.measurement.impl == "pytorch" &&
+                                          std::find(needy.begin(), needy.end(), p.measurement.strategy) != needy.end();
                                  }),
                   planned.end());
   }
@@ -164,14 +175,16 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
     std::string what;
     if (outcome.run) {
       const auto& run = *outcome.run;
+      const auto timing = bench::lookup_strategy(p.measurement.strategy).timing;
       if (!run.unsupported.empty()) {
         what = "not measured: " + run.unsupported;
-      } else if (run.strategy == "sweep") {
+      } else if (timing == bench::Timing::Sweep) {
         what = std::to_string(run.sweep.size()) + " all-reduce sizes";
       } else {
         char buf[160];
-        const double per_s = run.strategy == "allreduce" ? 0 : run.batch_per_device * run.world / run.p50_s;
-        if (run.strategy == "allreduce") {
+        const bool allreduce = timing == bench::Timing::GradientAllReduce;
+        const double per_s = allreduce ? 0 : run.batch_per_device * run.world / run.p50_s;
+        if (allreduce) {
           std::snprintf(buf, sizeof(buf), "all-reduce of %.2f MB in %d bucket(s): %.2f ms", run.grad_bytes / 1e6,
                         run.buckets, run.allreduce_p50_s * 1e3);
         } else {
@@ -232,7 +245,7 @@ Command add_bench_command(CLI::App& app, int argc, char** argv) {
   for (int i = 0; i < argc; ++i) flags->argv.push_back(argv[i]);
   sub->add_option("--models", flags->models, "small (MLP), medium (ResNet-18-class CNN), large (GPT-style decoder)")
       ->capture_default_str();
-  sub->add_option("--strategies", flags->strategies, "Any of single, dp-replicate, dp-persistent, ddp, accelerate")
+  sub->add_option("--strategies", flags->strategies, "Any of " + bench::join(bench::user_strategies(), ", "))
       ->capture_default_str();
   sub->add_option("--nproc", flags->nproc, "World sizes (devices) to measure, e.g. 1,2,4")->capture_default_str();
   sub->add_option("--precision", config->precision, "fp32, bf16 or fp16 (autocast)")

@@ -42,7 +42,7 @@ Results two_rank_run(double cores) {
 }
 
 TEST(Scaling, FitCalibrateAndPredict) {
-  const auto s = project_run(two_rank_run(/*cores=*/16));
+  const auto s = project_run(RunIndex(two_rank_run(/*cores=*/16)));
   ASSERT_TRUE(s.intra.has_value());
   EXPECT_NEAR(s.intra->alpha_s, 100e-6, 1e-12);
   EXPECT_NEAR(s.intra->busbw_Bps, 1e9, 1e-3);
@@ -68,7 +68,7 @@ TEST(Scaling, FitCalibrateAndPredict) {
 TEST(Scaling, RingAndHalvingDoublingBetweenNodes) {
   auto results = two_rank_run(/*cores=*/16);
   results.config.project = {"1x4"};  // one device on each of 4 nodes: all on the inter link
-  const auto s = project_run(results);  // link_inter: ib100, alpha 5 us, busbw 12 GB/s
+  const auto s = project_run(RunIndex(results));  // link_inter: ib100, alpha 5 us, busbw 12 GB/s
   ASSERT_EQ(s.projections.size(), 1u);
   // Ring: 2*3*5 us + 2*3/4 * n / 12e9 = 30 us + 125 us and 30 us + 375 us: comm 560 us;
   // exposed = max(405, 560 - 0.01 * 60 000) = 405 us.
@@ -80,7 +80,7 @@ TEST(Scaling, RingAndHalvingDoublingBetweenNodes) {
 TEST(Scaling, RanksBeyondTheCoresShareThem) {
   // 2 cores: 4 ranks run two per core, so compute and backward double there:
   // 200 ms + max(5.1, 7.2 - 0.01 * 120) = 200 + 6.0 ms.
-  const auto s = project_run(two_rank_run(/*cores=*/2));
+  const auto s = project_run(RunIndex(two_rank_run(/*cores=*/2)));
   ASSERT_EQ(s.validation.size(), 3u);
   EXPECT_NEAR(s.validation[2].predicted_s, 0.206, 1e-9);
   // A projected shape has a device per rank: no sharing.
@@ -90,7 +90,7 @@ TEST(Scaling, RanksBeyondTheCoresShareThem) {
 TEST(Scaling, AStepThatWaitsLongerThanTheLinkScalesItsCommunication) {
   auto results = two_rank_run(/*cores=*/16);
   results.runs[3].p50_s = 0.111;  // ddp x2 waits 11 ms: more than the 4.4 ms all-reduce at no overlap
-  const auto s = project_run(results);
+  const auto s = project_run(RunIndex(results));
   ASSERT_EQ(s.validation.size(), 3u);
   // overlap clamps to 0; comm_scale = 11 / 4.4 = 2.5, and the calibration world matches again.
   EXPECT_TRUE(s.validation[1].calibration);
@@ -103,7 +103,7 @@ TEST(Scaling, AStepThatWaitsLongerThanTheLinkScalesItsCommunication) {
   // Across nodes on the ib100 preset the scale is not this machine's to carry: 1x4 unscaled,
   // 30 us + 125 us and 30 us + 375 us, no overlap: exposed max(405, 560) = 560 us.
   results.config.project = {"1x4"};
-  const auto preset = project_run(results);
+  const auto preset = project_run(RunIndex(results));
   ASSERT_EQ(preset.projections.size(), 1u);
   EXPECT_EQ(preset.projections[0].comm_scale, 1.0);
   EXPECT_NEAR(preset.projections[0].prediction.step_s, 0.100560, 1e-9);
@@ -112,7 +112,7 @@ TEST(Scaling, AStepThatWaitsLongerThanTheLinkScalesItsCommunication) {
 TEST(Scaling, AStepThatWaitsLessThanTheLastBucketScalesItDown) {
   auto results = two_rank_run(/*cores=*/16);
   results.runs[3].p50_s = 0.1016;  // 1.6 ms exposed, half the 3.2 ms last bucket
-  const auto s = project_run(results);
+  const auto s = project_run(RunIndex(results));
   // overlap clamps to 1 (60 ms of backward hides all but the last bucket); comm_scale = 1.6 / 3.2.
   EXPECT_NEAR(s.projections[0].comm_scale, 0.5, 1e-12);
   EXPECT_NEAR(s.validation[1].predicted_s, 0.1016, 1e-12);
@@ -123,7 +123,7 @@ TEST(Scaling, AStepThatWaitsLessThanTheLastBucketScalesItDown) {
 TEST(Scaling, ABrokenRecordCostsItsModelTheProjectionNotTheReport) {
   auto results = two_rank_run(/*cores=*/16);
   results.runs[2].p50_s = 0;  // a no_sync step of 0 s: no compute to project from
-  const auto s = project_run(results);
+  const auto s = project_run(RunIndex(results));
   EXPECT_TRUE(s.projections.empty());
   ASSERT_FALSE(s.notes.empty());
   EXPECT_NE(s.notes.back().find("small: no projection: "), std::string::npos) << s.notes.back();
@@ -133,13 +133,13 @@ TEST(Scaling, AMissingLinkIsANoteNotAGuess) {
   auto results = two_rank_run(16);
   results.runs.erase(results.runs.begin());  // no sweep
   results.config.project = {"4x2"};
-  const auto s = project_run(results);
+  const auto s = project_run(RunIndex(results));
   EXPECT_FALSE(s.intra.has_value());
   EXPECT_TRUE(s.validation.empty());
   ASSERT_FALSE(s.notes.empty());
   EXPECT_NE(s.notes[0].find("'measured' but this run has no sweep"), std::string::npos) << s.notes[0];
   results.config.link_intra = "nvlink";
-  EXPECT_EQ(project_run(results).projections.size(), 1u);  // given links need no sweep
+  EXPECT_EQ(project_run(RunIndex(results)).projections.size(), 1u);  // given links need no sweep
 }
 
 }  // namespace

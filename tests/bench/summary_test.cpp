@@ -29,7 +29,7 @@ TEST(Stat, MedianMinMax) {
 }
 
 TEST(Summary, ThroughputAndScaling) {
-  const auto rows = summarize(test::fixture());
+  const auto rows = summarize(RunIndex(test::fixture()));
   // single: 10 samples / 0.100 s = 100 and 10 / 0.125 = 80 -> median of two = 90.
   const Row& single = row(rows, "tandem", "single", 1);
   EXPECT_DOUBLE_EQ(single.samples_per_s.median, 90);
@@ -48,7 +48,7 @@ TEST(Summary, ThroughputAndScaling) {
 }
 
 TEST(Summary, ExposedCommunicationBusBandwidthAndBreakdown) {
-  const auto rows = summarize(test::fixture());
+  const auto rows = summarize(RunIndex(test::fixture()));
   const Row& ddp = row(rows, "tandem", "ddp", 2);
   // 125 - 110 = 15 ms; 156.25 - 137.5 = 18.75 ms -> 16.875.
   EXPECT_NEAR(ddp.exposed_comm_ms.median, 16.875, 1e-9);
@@ -72,7 +72,7 @@ TEST(Summary, ExposedCommunicationBusBandwidthAndBreakdown) {
 }
 
 TEST(Summary, RatioAgainstThePeerWithinEachRepeat) {
-  const auto rows = summarize(test::fixture());
+  const auto rows = summarize(RunIndex(test::fixture()));
   // Tandem ddp 160 vs PyTorch 20 / 0.16 = 125 -> 1.28 (and 128 / 100 in repeat 1).
   const Row& ddp = row(rows, "tandem", "ddp", 2);
   EXPECT_EQ(ddp.peer_strategy, "ddp");
@@ -98,7 +98,7 @@ TEST(Summary, RunsAcrossNodesAreTheirOwnRows) {
     r.p50_s = 0.200 * (k ? 1.25 : 1.0);
     results.runs.push_back(r);
   }
-  const auto rows = summarize(results);
+  const auto rows = summarize(RunIndex(results));
   const Row* one = find_row(rows, "small", "tandem", "ddp", 2, 1);
   const Row* two = find_row(rows, "small", "tandem", "ddp", 2, 2);
   ASSERT_TRUE(one && two);
@@ -109,7 +109,7 @@ TEST(Summary, RunsAcrossNodesAreTheirOwnRows) {
 }
 
 TEST(Recommend, TheFastestStrategyWithItsNumbers) {
-  const auto rows = summarize(test::fixture());
+  const auto rows = summarize(RunIndex(test::fixture()));
   const auto recs = recommend(rows, {"small"});
   ASSERT_EQ(recs.size(), 1u);
   // ddp 144 > accelerate 140.6 (within 5 %, but no less memory) > dp-replicate 72; 144 >= 1.05 * 90.
@@ -128,7 +128,7 @@ TEST(Recommend, MemoryBreaksATieOnlyBetweenFiguresOfOneKind) {
       r.peak_mem_bytes = {50.0 * 1024 * 1024, 40.0 * 1024 * 1024};  // "less" than ddp's 100 MiB RSS
     }
   }
-  const auto recs = recommend(summarize(results), {"small"});
+  const auto recs = recommend(summarize(RunIndex(results)), {"small"});
   ASSERT_EQ(recs.size(), 1u);
   // DataParallel's accounting of model bytes is not comparable with a rank's RSS: ddp stays.
   EXPECT_EQ(recs[0].strategy, "ddp");
@@ -139,7 +139,7 @@ TEST(Recommend, OneDeviceWhenMoreDoNotPay) {
   for (auto& r : results.runs) {
     if (r.impl == "tandem" && r.world == 2) r.p50_s *= 1.95;  // ddp: 20 / 0.24375 = 82 < 90 * 1.05
   }
-  const auto recs = recommend(summarize(results), {"small"});
+  const auto recs = recommend(summarize(RunIndex(results)), {"small"});
   ASSERT_EQ(recs.size(), 1u);
   EXPECT_EQ(recs[0].strategy, "single");
   EXPECT_NE(recs[0].why.find("do not pay for themselves"), std::string::npos) << recs[0].why;

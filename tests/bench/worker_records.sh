@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # worker_records.sh TANDEM_CLI WORKER PEER PYTHON
 # The two benchmark workers `tandem bench` starts (tandem-bench-worker and peer.py), at --scale
-# tiny, 2 timed steps after 1 warmup: every strategy of each at world 1 and 2 (ranks through
-# `TANDEM_CLI run --nproc-per-node N`; replicas for dp-*/dp), the three models in turn, plus a
-# few precisions. Then PYTHON judges the records: each parses and has the fields of
-# "tandem-bench-run/1"; every run exits 0, the unsupported ones with exactly the unsupported
-# record; Tandem's and PyTorch's "params" and "grad_bytes" are equal for each model (the two
-# definitions of a model match); bad flags exit 2 with one line on stderr; no peer ends with Gloo
-# threads alive (they can abort it at exit: bench/peer.py, Note [Gloo threads at exit]).
+# tiny, 2 timed steps after 1 warmup: every strategy of the strategy table (`WORKER
+# --list-strategies`, src/bench/strategies.h) with each at world 1 and 2 (ranks through
+# `TANDEM_CLI run --nproc-per-node N`; replicas where the table says so), the three models in
+# turn, plus a few precisions. Then PYTHON judges the records against the table: each parses and
+# has the fields of "tandem-bench-run/1"; every run exits 0, the unsupported ones (a worker the
+# table says does not measure it) with exactly the unsupported record; Tandem's and PyTorch's
+# "params" and "grad_bytes" are equal for each model (the two definitions of a model match); bad
+# flags exit 2 with one line on stderr; no peer ends with Gloo threads alive (they can abort it at
+# exit: bench/peer.py, Note [Gloo threads at exit]).
 # Exit 77 (ctest: skipped) only when PYTHON cannot import torch.
 set -u
 cli="$1"; worker="$2"; peer="$3"; python="$4"
@@ -18,6 +20,12 @@ fi
 source "$(dirname "$0")/../support/logs.sh"
 scratch_dir dir  # on failure every measurement's log is printed (a rejected record's included)
 export OMP_NUM_THREADS=1
+"$worker" --list-strategies > "$dir/strategies.jsonl" || { echo "FAILED: $worker --list-strategies"; exit 1; }
+# name<TAB>launch, in the table's order
+table=$("$python" -c 'import json, sys
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    print(e["name"] + "\t" + e["launch"])' "$dir/strategies.jsonl")
 common=(--scale tiny --steps 2 --batch-size 2 --threads 1 --sweep-max-bytes 16384)
 n=0
 failed=0
@@ -42,23 +50,23 @@ start=$SECONDS
 # (the same model for both impls, so each model meets both impls in several strategies): the whole
 # product of 3 models took 190 s on 2 cores. TANDEM_BENCH_TEST_ALL_MODELS=1 runs the product.
 models=(small medium large)
-strategies=(single ddp ddp-no-sync accelerate dp-replicate dp-persistent dp allreduce sweep)
-for i in "${!strategies[@]}"; do
-  strategy="${strategies[$i]}"
+i=0
+while IFS=$'\t' read -r strategy launch; do
   for world in 1 2; do
-    [[ "$strategy" == single && $world -eq 2 ]] && continue
+    [[ "$launch" == alone && $world -eq 2 ]] && continue
     chosen=("${models[$(((i + world) % 3))]}")
     [[ "${TANDEM_BENCH_TEST_ALL_MODELS:-0}" == 1 ]] && chosen=("${models[@]}")
     for model in "${chosen[@]}"; do
       for impl in tandem pytorch; do
-        case "$strategy" in
-          dp*) run "$impl" 1 "$model" "$strategy" --replicas "$world" ;;
+        case "$launch" in
+          replicas) run "$impl" 1 "$model" "$strategy" --replicas "$world" ;;
           *) run "$impl" "$world" "$model" "$strategy" ;;
         esac
       done
     done
   done
-done
+  i=$((i + 1))
+done <<< "$table"
 # A plain loop launched twice over (unsupported), and the precisions: fp16 (autocast and a
 # GradScaler) under DDP, bf16 through the Accelerator and across DataParallel's replica threads;
 # accelerate on CPU ignores fp16, so the peer calls it unsupported.
@@ -101,16 +109,18 @@ FIELDS = HEAD + ["batch_per_device", "steps", "warmup", "threads", "params", "gr
                  "p95_s", "rank_p50_s", "forward_p50_s", "backward_p50_s", "optimizer_p50_s", "peak_mem_bytes",
                  "mem_kind", "rank_faults_per_step", "host_allocator", "versions"]
 errors, counts = [], {}
+table = {e["name"]: e for e in map(json.loads, open(os.path.join(d, "strategies.jsonl")))}
 
 
 def expect_unsupported(impl, nproc, strategy, flags):
-    if strategy in ("single", "dp-replicate", "dp-persistent", "dp") and nproc > 1:
+    entry = table[strategy]
+    if entry["launch"] != "ranks" and nproc > 1:
         return True
-    if impl == "tandem":
-        return strategy == "dp"
-    if strategy in ("dp-replicate", "dp-persistent", "allreduce", "sweep", "dp"):  # dp: on CPU
+    if not entry[impl]:  # the table's "tandem" / "pytorch": which worker measures it
         return True
-    return strategy == "accelerate" and "fp16" in flags  # accelerate on CPU ignores fp16
+    if impl == "pytorch" and strategy == "dp":  # torch.nn.DataParallel replicates across CUDA devices only
+        return True
+    return impl == "pytorch" and strategy == "accelerate" and "fp16" in flags  # accelerate on CPU ignores fp16
 
 
 for line in open(os.path.join(d, "plan.tsv")):
@@ -128,7 +138,8 @@ for line in open(os.path.join(d, "plan.tsv")):
         continue
     replicas = int(flags.split("--replicas ")[1].split()[0]) if "--replicas" in flags else 2
     precision = flags.split("--precision ")[1].split()[0] if "--precision" in flags else "fp32"
-    dp = strategy in ("dp-replicate", "dp-persistent", "dp")
+    entry = table[strategy]
+    dp = entry["launch"] == "replicas"
     world = replicas if dp else nproc
     head = dict(record=RECORD, impl=impl, model=model, scale="tiny", strategy=strategy, device="cpu",
                 precision=precision, world=world, nodes=1)
@@ -149,7 +160,8 @@ for line in open(os.path.join(d, "plan.tsv")):
         errors.append(f"{what}: missing {missing}")
         continue
     ranks = 1 if dp else nproc
-    raw = strategy in ("allreduce", "sweep")
+    raw = entry["timing"] != "step"
+    sweep = entry["timing"] == "sweep"
     checks = {
         "batch_per_device == 2": r["batch_per_device"] == 2,
         # --min-seconds 0.5 (after 3 warm-up steps): tiny steps take well under 0.25 s, so more than 2.
@@ -157,14 +169,13 @@ for line in open(os.path.join(d, "plan.tsv")):
             (r["steps"] > 2 and r["warmup"] == 3 if "--min-seconds" in flags else (r["steps"], r["warmup"]) == (2, 1))
             and r["threads"] == 1,
         "params a positive int (0 for sweep)": isinstance(r["params"], int) and
-            (r["params"] == 0 if strategy == "sweep" else r["params"] > 0),
+            (r["params"] == 0 if sweep else r["params"] > 0),
         "grad_bytes == 4 * params": r["grad_bytes"] == 4 * r["params"],
         # Both Accelerators wrap DDP even at world 1 under a launcher (accelerate: MASTER_ADDR set).
-        "buckets > 0 exactly under DDP": isinstance(r["buckets"], int) and
-            (r["buckets"] > 0) == (strategy in ("ddp", "ddp-no-sync", "accelerate", "allreduce")),
+        "buckets > 0 exactly under DDP (the table's buckets)": isinstance(r["buckets"], int) and
+            (r["buckets"] > 0) == entry["buckets"],
         # Tandem's DDP records its bucket layout (the projection's input): it adds up to the gradient.
-        "bucket_bytes: one per bucket, summing to grad_bytes": impl != "tandem" or
-            strategy not in ("ddp", "ddp-no-sync", "allreduce") or
+        "bucket_bytes: one per bucket, summing to grad_bytes": impl != "tandem" or not entry["buckets"] or
             (len(r.get("bucket_bytes", [])) == r["buckets"] and sum(r["bucket_bytes"]) == r["grad_bytes"]),
         "0 < p50_s <= p95_s": 0 < r["p50_s"] <= r["p95_s"],
         "rank_p50_s: one positive per rank, rank 0's first": len(r["rank_p50_s"]) == ranks and
@@ -173,24 +184,24 @@ for line in open(os.path.join(d, "plan.tsv")):
             (r[k] == 0) if raw else (r[k] > 0) for k in ("forward_p50_s", "backward_p50_s", "optimizer_p50_s")),
         "peak_mem_bytes: one positive int per device": len(r["peak_mem_bytes"]) == world and
             all(isinstance(b, int) and b > 0 for b in r["peak_mem_bytes"]),
-        "mem_kind": r["mem_kind"] == ("replica" if dp else "rss"),
+        "mem_kind (the table's memory)": r["mem_kind"] == entry["memory"],
         "versions.torch": isinstance(r["versions"], dict) and r["versions"].get("torch"),
         "versions.accelerate on the peer's accelerate": (impl != "pytorch" or strategy != "accelerate") or
             bool(r["versions"].get("accelerate")),
-        "allreduce_p50_s and flat_allreduce_p50_s exactly for allreduce":
-            all(((k in r) and r[k] > 0) == (strategy == "allreduce")
+        "allreduce_p50_s and flat_allreduce_p50_s exactly for the gradient all-reduce":
+            all(((k in r) and r[k] > 0) == (entry["timing"] == "gradient-allreduce")
                 for k in ("allreduce_p50_s", "flat_allreduce_p50_s")),
         # Under `tandem run` (no MPI launcher) the CPU collectives run on Gloo; one process has none.
         "backend: gloo exactly for the multi-process strategies": r.get("backend") ==
-            (None if dp or strategy == "single" else "gloo"),
-        "sweep: 4096 and 16384 bytes exactly for sweep": ("sweep" in r) == (strategy == "sweep") and
-            (strategy != "sweep" or ([s["bytes"] for s in r["sweep"]] == [4096, 16384] and
+            ("gloo" if entry["launch"] == "ranks" else None),
+        "sweep: 4096 and 16384 bytes exactly for sweep": ("sweep" in r) == sweep and
+            (not sweep or ([s["bytes"] for s in r["sweep"]] == [4096, 16384] and
                                      all(s["p50_s"] > 0 for s in r["sweep"]))),
     }
     for name, ok in checks.items():
         if not ok:
             errors.append(f"{what}: {name}: {lines[0][:400]}")
-    if strategy != "sweep":
+    if not sweep:
         counts.setdefault(model, {}).setdefault((r["params"], r["grad_bytes"]), set()).add(impl)
 
 # The oracle: both definitions of each model have the same parameters.

@@ -1,0 +1,194 @@
+#include "bench/strategies.h"
+
+#include <algorithm>
+
+#include "tandem/error.h"
+
+namespace tandem::bench {
+
+// Note [Strategy registry]
+// A strategy's knowledge used to be spread over the plan (what runs beside it), the summary (its
+// peer, whether DDP's figures apply), the markdown (its label), the plots (its colour), the CLI
+// (its help), the runner (how many processes) and both workers (their flag lists). Here it is
+// one entry, and everything else reads it:
+// - plan.cpp: which worlds and backends it runs at, its peer, and the runs its figures need
+//   (`comm`: DDP's synced step, its no_sync twin and the bucketed all-reduce);
+// - summary.cpp: the rows (Baseline, Compared, PeerOnly), each row's peer and communication;
+// - markdown.cpp and plots.cpp: labels, prose and colours; recommend.cpp: the baseline;
+// - runner.cpp and the CLI: processes or replicas, the sweep's arguments, --help, the peers'
+//   Python modules;
+// - bench/worker.cpp: the --strategy values it accepts, one process or ranks, precisions, how
+//   memory is counted. bench/peer.py keeps its own list (it is Python); bench.strategies.peer
+//   checks it against `tandem-bench-worker --list-strategies`, which prints this table.
+// What stays outside: how each worker runs a strategy (its code), and the projection, which
+// models DDP's buckets by name (Note [Projection from a run] in scaling.cpp).
+
+namespace {
+
+const CommFigures kDdpFigures{"ddp", "ddp-no-sync", "allreduce"};
+const std::vector<std::string> kCpuBackends{"gloo", "mpi"};
+
+std::vector<Strategy> make_table() {
+  std::vector<Strategy> t;
+  // An entry with the defaults, the others set where they differ (the reference is good until
+  // the next add).
+  auto add = [&](const std::string& name, Role role, Launch launch, Worlds worlds = Worlds::Any,
+                 Timing timing = Timing::Step) -> Strategy& {
+    Strategy& s = t.emplace_back();
+    s.name = name;
+    s.role = role;
+    s.launch = launch;
+    s.worlds = worlds;
+    s.timing = timing;
+    s.label = "Tandem " + name;
+    s.peer_label = "PyTorch " + name;
+    s.what = name + " step";
+    if (launch == Launch::Ranks) s.backends = kCpuBackends;
+    return s;
+  };
+  Strategy& single = add("single", Role::Baseline, Launch::Alone, Worlds::One);
+  single.summary = "one device, a plain loop (the baseline)";
+  single.peer = "single";
+  single.pytorch = true;
+  single.colour = "#555555";
+
+  for (const char* mode : {"dp-replicate", "dp-persistent"}) {
+    Strategy& dp = add(mode, Role::Compared, Launch::Replicas);
+    const bool replicate = dp.name == "dp-replicate";
+    dp.summary = replicate ? "DataParallel, replicas copied every step (PyTorch's semantics)"
+                           : "DataParallel, persistent replicas";
+    dp.peer = "dp";
+    dp.memory = Memory::ReplicaAccounting;
+    dp.colour = replicate ? "#E69F00" : "#CC79A7";
+  }
+
+  Strategy& ddp = add("ddp", Role::Compared, Launch::Ranks);
+  ddp.summary = "DistributedDataParallel";
+  ddp.peer = "ddp";
+  ddp.pytorch = true;
+  ddp.comm = kDdpFigures;
+  ddp.buckets = true;
+  ddp.colour = "#0072B2";
+  ddp.colour_mpi = "#56B4E9";
+
+  Strategy& accelerate = add("accelerate", Role::Compared, Launch::Ranks);
+  accelerate.summary = "the Accelerator (DDP underneath; its rows carry DDP's communication figures)";
+  accelerate.label = "Tandem Accelerator";
+  accelerate.peer_label = "HF accelerate";
+  accelerate.what = "Accelerator step";
+  accelerate.peer = "accelerate";
+  accelerate.peer_modules = {"accelerate"};
+  accelerate.pytorch = true;
+  accelerate.comm = kDdpFigures;
+  accelerate.buckets = true;
+  accelerate.colour = "#009E73";
+  accelerate.colour_mpi = "#882255";
+
+  Strategy& dp = add("dp", Role::PeerOnly, Launch::Replicas);
+  dp.summary = "torch.nn.DataParallel";
+  dp.peer_label = "torch.nn.DataParallel";
+  dp.tandem = false;
+  dp.pytorch = true;
+  dp.memory = Memory::ReplicaAccounting;
+  dp.colour = "#D55E00";
+
+  Strategy& no_sync = add("ddp-no-sync", Role::Support, Launch::Ranks, Worlds::AboveOne);
+  no_sync.summary = "DDP with every step under no_sync: its step without communication";
+  no_sync.peer = "ddp-no-sync";
+  no_sync.pytorch = true;
+  no_sync.buckets = true;
+
+  Strategy& allreduce = add("allreduce", Role::Support, Launch::Ranks, Worlds::AboveOne, Timing::GradientAllReduce);
+  allreduce.summary = "the gradient's bytes all-reduced in DDP's buckets, without a model";
+  allreduce.what = "gradient all-reduce (DDP's buckets)";
+  allreduce.buckets = true;
+
+  Strategy& sweep = add("sweep", Role::Link, Launch::Ranks, Worlds::AboveOne, Timing::Sweep);
+  sweep.summary = "all-reduces of float32 buffers, x4 apart: the link's latency and bandwidth";
+  return t;
+}
+
+}  // namespace
+
+const std::vector<Strategy>& strategies() {
+  static const std::vector<Strategy> table = make_table();
+  return table;
+}
+
+const Strategy* find_strategy(const std::string& name) {
+  const auto& all = strategies();
+  auto it = std::find_if(all.begin(), all.end(), [&](const Strategy& s) { return s.name == name; });
+  return it == all.end() ? nullptr : &*it;
+}
+
+const Strategy& lookup_strategy(const std::string& name) {
+  const Strategy* s = find_strategy(name);
+  TANDEM_CHECK(s, "unknown benchmark strategy '", name, "' (expected one of ", join(strategy_names({}), ", "), ")");
+  return *s;
+}
+
+namespace {
+
+// The entry with `role`, which the table has exactly one of.
+const Strategy& the_one(Role role) {
+  const auto& all = strategies();
+  return *std::find_if(all.begin(), all.end(), [&](const Strategy& s) { return s.role == role; });
+}
+
+}  // namespace
+
+const Strategy& baseline() { return the_one(Role::Baseline); }
+const Strategy& link_sweep() { return the_one(Role::Link); }
+
+std::vector<std::string> strategy_names(const std::vector<Role>& roles) {
+  std::vector<std::string> out;
+  for (const auto& s : strategies()) {
+    if (roles.empty() || std::find(roles.begin(), roles.end(), s.role) != roles.end()) out.push_back(s.name);
+  }
+  return out;
+}
+
+std::vector<std::string> user_strategies() { return strategy_names({Role::Baseline, Role::Compared}); }
+
+bool multi_process(const std::string& strategy) {
+  const Strategy* s = find_strategy(strategy);
+  return !s || s->launch == Launch::Ranks;
+}
+
+std::string normal_backend(const std::string& strategy, const std::string& backend) {
+  if (!multi_process(strategy)) return "";
+  return backend.empty() ? "gloo" : backend;
+}
+
+nlohmann::json to_json(const Strategy& s) {
+  static const char* roles[] = {"baseline", "compared", "peer-only", "support", "link"};
+  static const char* launches[] = {"alone", "replicas", "ranks"};
+  static const char* worlds[] = {"one", "above-one", "any"};
+  static const char* timings[] = {"step", "gradient-allreduce", "sweep"};
+  static const char* memories[] = {"rss", "replica"};
+  return {{"name", s.name},
+          {"role", roles[static_cast<int>(s.role)]},
+          {"launch", launches[static_cast<int>(s.launch)]},
+          {"worlds", worlds[static_cast<int>(s.worlds)]},
+          {"timing", timings[static_cast<int>(s.timing)]},
+          {"summary", s.summary},
+          {"label", s.label},
+          {"peer_label", s.peer_label},
+          {"peer", s.peer},
+          {"peer_modules", s.peer_modules},
+          {"tandem", s.tandem},
+          {"pytorch", s.pytorch},
+          {"comm", {{"synced", s.comm.synced}, {"no_sync", s.comm.no_sync}, {"allreduce", s.comm.allreduce}}},
+          {"precisions", s.precisions},
+          {"backends", s.backends},
+          {"buckets", s.buckets},
+          {"memory", memories[static_cast<int>(s.memory)]}};
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& separator) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : separator) + item;
+  return out;
+}
+
+}  // namespace tandem::bench
