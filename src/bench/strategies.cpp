@@ -62,25 +62,26 @@ std::vector<Strategy> make_table() {
     dp.colour = replicate ? "#E69F00" : "#CC79A7";
   }
 
-  Strategy& ddp = add("ddp", Role::Compared, Launch::Ranks);
-  ddp.summary = "DistributedDataParallel";
-  ddp.peer = "ddp";
-  ddp.pytorch = true;
-  ddp.comm = kDdpFigures;
-  ddp.buckets = true;
+  // DDP underneath: both workers measure it under its own name, its rows carry DDP's
+  // communication figures, its record DDP's buckets.
+  auto over_ddp = [&](const std::string& name, const std::string& summary) -> Strategy& {
+    Strategy& s = add(name, Role::Compared, Launch::Ranks);
+    s.summary = summary;
+    s.peer = name;
+    s.pytorch = true;
+    s.comm = kDdpFigures;
+    s.buckets = true;
+    return s;
+  };
+  Strategy& ddp = over_ddp("ddp", "DistributedDataParallel");
   ddp.colour = "#0072B2";
   ddp.colour_mpi = "#56B4E9";
 
-  Strategy& accelerate = add("accelerate", Role::Compared, Launch::Ranks);
-  accelerate.summary = "the Accelerator (DDP underneath; its rows carry DDP's communication figures)";
+  Strategy& accelerate = over_ddp("accelerate", "the Accelerator (strategy Ddp; HF accelerate's loop for the peer)");
   accelerate.label = "Tandem Accelerator";
   accelerate.peer_label = "HF accelerate";
   accelerate.what = "Accelerator step";
-  accelerate.peer = "accelerate";
   accelerate.peer_modules = {"accelerate"};
-  accelerate.pytorch = true;
-  accelerate.comm = kDdpFigures;
-  accelerate.buckets = true;
   accelerate.colour = "#009E73";
   accelerate.colour_mpi = "#882255";
 
