@@ -15,6 +15,8 @@ const char* to_string(CollectiveKind kind) {
     case CollectiveKind::Broadcast: return "broadcast";
     case CollectiveKind::AllGather: return "all_gather";
     case CollectiveKind::Barrier: return "barrier";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllGatherInto: return "all_gather_into";
   }
   return "unknown collective";
 }
@@ -38,7 +40,9 @@ CollectiveCall CollectiveCall::of(uint64_t seq, CollectiveKind kind, const at::T
 namespace {
 
 std::string detail_of(const CollectiveCall& call) {
-  if (call.kind == CollectiveKind::AllReduce) return to_string(static_cast<ReduceOp>(call.detail));
+  if (call.kind == CollectiveKind::AllReduce || call.kind == CollectiveKind::ReduceScatter) {
+    return to_string(static_cast<ReduceOp>(call.detail));
+  }
   if (call.kind == CollectiveKind::Broadcast) return "root " + std::to_string(call.detail);
   return "";
 }

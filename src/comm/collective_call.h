@@ -14,7 +14,14 @@
 
 namespace tandem::comm::detail {
 
-enum class CollectiveKind : int64_t { AllReduce = 1, Broadcast = 2, AllGather = 3, Barrier = 4 };
+enum class CollectiveKind : int64_t {
+  AllReduce = 1,
+  Broadcast = 2,
+  AllGather = 3,
+  Barrier = 4,
+  ReduceScatter = 5,  // flat: the call's tensor is the input, all shards
+  AllGatherInto = 6,  // flat: the call's tensor is the input, this rank's shard
+};
 
 struct CollectiveCall {
   uint64_t seq = 0;

@@ -264,11 +264,46 @@ class MpiBackend : public c10d::Backend {
     });
   }
 
+  // Note [Flat collectives] in process_group.cpp: MPI's own reduce-scatter and all-gather.
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override {
+    at::Tensor in = flat_cpu_tensor(input, "reduce_scatter"), out = flat_cpu_tensor(output, "reduce_scatter");
+    const c10d::ReduceOp reduce = opts.reduceOp;
+    const int64_t shard = out.numel();
+    if (shard > kMaxPiece) throw Error("the MPI backend reduce-scatters at most " + std::to_string(kMaxPiece) + " elements per rank");
+    return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter", [in, out, reduce, shard, comm = comm_] {
+      if (shard == 0) return;
+      const Reduction r = reduction_for(in.scalar_type(), reduce);
+      check(MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), static_cast<int>(shard), r.type, r.op, comm),
+            "MPI_Reduce_scatter_block");
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions&) override {
+    at::Tensor in = flat_cpu_tensor(input, "all_gather_into"), out = flat_cpu_tensor(output, "all_gather_into");
+    if (in.nbytes() > static_cast<size_t>(kMaxPiece)) {
+      throw Error("the MPI backend gathers at most " + std::to_string(kMaxPiece) + " bytes per rank");
+    }
+    return enqueue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into", [in, out, comm = comm_] {
+      const int bytes = static_cast<int>(in.nbytes());
+      if (bytes == 0) return;
+      check(MPI_Allgather(in.data_ptr(), bytes, MPI_BYTE, out.data_ptr(), bytes, MPI_BYTE, comm), "MPI_Allgather");
+    });
+  }
+
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
     return enqueue(c10d::OpType::BARRIER, "barrier", [comm = comm_] { check(MPI_Barrier(comm), "MPI_Barrier"); });
   }
 
  private:
+  static at::Tensor flat_cpu_tensor(const at::Tensor& t, const char* op) {
+    if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous()) {
+      throw Error(std::string("the MPI backend's ") + op + " takes contiguous CPU tensors");
+    }
+    return t;
+  }
+
   static at::Tensor single_cpu_tensor(const std::vector<at::Tensor>& tensors, const char* op) {
     if (tensors.size() != 1 || !tensors[0].defined() || !tensors[0].device().is_cpu() || !tensors[0].is_contiguous()) {
       throw Error(std::string("the MPI backend's ") + op + " takes one contiguous CPU tensor");

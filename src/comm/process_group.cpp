@@ -377,6 +377,84 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
   return outputs[0];
 }
 
+// Note [Flat collectives]
+// ZeRO shards parameters, gradients and optimizer state as contiguous slices of flat buffers:
+// reduce-scatter leaves each rank the averaged gradient of its slice, all-gather puts the
+// updated slices back together. Both go through c10d's flat entry points, `_reduce_scatter_base`
+// and `_allgather_base`: NCCL's own kernels; on our MPI backend MPI_Reduce_scatter_block and
+// MPI_Allgather; on Gloo an all-reduce of the whole input and a copy of this rank's slice (twice a
+// real reduce-scatter's traffic, Sum only; docs/design/zero.md measures it). Avg on CPU is Sum and
+// one division of the output, as all_reduce does.
+c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_async(at::Tensor& output, at::Tensor& input, ReduceOp op) {
+  if (op == ReduceOp::Avg && !input.is_cuda()) {
+    throw Error(std::string("asynchronous reduce_scatter Avg is not available on ") + to_string(cpu_kind_) +
+                ": pre-divide and use Sum, or call reduce_scatter()");
+  }
+  return issue_reduce_scatter(output, input, op, op);
+}
+
+void ProcessGroup::reduce_scatter(at::Tensor& output, at::Tensor& input, ReduceOp op) {
+  const bool avg_by_division = op == ReduceOp::Avg && !input.is_cuda();
+  if (op == ReduceOp::Avg && !at::isFloatingType(input.scalar_type())) {
+    throw Error(std::string("reduce_scatter avg needs a floating-point tensor, got ") +
+                c10::toString(input.scalar_type()));
+  }
+  auto work = issue_reduce_scatter(output, input, avg_by_division ? ReduceOp::Sum : op, op);
+  wait(work, CollectiveCall::of(0, CollectiveKind::ReduceScatter, &input, static_cast<int64_t>(op)).describe());
+  if (avg_by_division) output.div_(size());
+}
+
+namespace {
+
+// A flat collective's two tensors: contiguous, alike, and `whole` size() times `part`.
+void check_flat(const char* op, const at::Tensor& whole, const at::Tensor& part, int size) {
+  check_dense(op, whole);
+  check_dense(op, part);
+  if (whole.scalar_type() != part.scalar_type() || whole.device() != part.device()) {
+    throw Error(std::string(op) + ": input and output differ in dtype or device (" + c10::toString(whole.scalar_type()) +
+                " on " + whole.device().str() + ", " + c10::toString(part.scalar_type()) + " on " +
+                part.device().str() + ")");
+  }
+  if (whole.numel() != part.numel() * size) {
+    throw Error(std::string(op) + ": the whole buffer has " + std::to_string(whole.numel()) + " elements, not " +
+                std::to_string(size) + " x the shard's " + std::to_string(part.numel()) +
+                " (pad it: tandem/comm/shard_layout.h)");
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::issue_reduce_scatter(at::Tensor& output, at::Tensor& input, ReduceOp wire,
+                                                                  ReduceOp asked) {
+  check_flat("reduce_scatter", input, output, size());
+  const auto& backend = backend_for(input.device());
+  std::lock_guard<std::mutex> issuing(issue_mutex_);
+  const CollectiveCall call = begin(CollectiveKind::ReduceScatter, &input, static_cast<int64_t>(asked));
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = to_c10d(wire);
+  opts.timeout = options_.timeout();
+  auto work = backend->_reduce_scatter_base(output, input, opts);
+  remember(work, call);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::all_gather_into_async(at::Tensor& output, at::Tensor& input) {
+  check_flat("all_gather_into", output, input, size());
+  const auto& backend = backend_for(input.device());
+  std::lock_guard<std::mutex> issuing(issue_mutex_);
+  const CollectiveCall call = begin(CollectiveKind::AllGatherInto, &input, 0);
+  c10d::AllgatherOptions opts;
+  opts.timeout = options_.timeout();
+  auto work = backend->_allgather_base(output, input, opts);
+  remember(work, call);
+  return work;
+}
+
+void ProcessGroup::all_gather_into(at::Tensor& output, at::Tensor& input) {
+  auto work = all_gather_into_async(output, input);
+  wait(work, CollectiveCall::of(0, CollectiveKind::AllGatherInto, &input, 0).describe());
+}
+
 void ProcessGroup::barrier() {
   c10::intrusive_ptr<c10d::Work> work;
   CollectiveCall call;

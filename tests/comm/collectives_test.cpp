@@ -16,6 +16,7 @@
 #include "support/distributed_main.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/comm/process_group.h"
+#include "tandem/comm/shard_layout.h"
 #include "tandem/error.h"
 
 using tandem::comm::ProcessGroup;
@@ -164,6 +165,67 @@ TEST(Collectives, AllGatherOrdersByRank) {
       for (int r = 0; r < W(); ++r) EXPECT_TRUE(at::equal(all[r], pattern(n, dtype) + r)) << label(dtype, n);
     }
   }
+}
+
+// Flat collectives (Note [Flat collectives]) over sizes that do not divide the world: each rank
+// pads to ShardLayout, contributes (r + 1) x the pattern, and must own exactly the summed slice
+// [begin(r), end(r)) of the unpadded sum; the all-gather then puts every rank's slice back in order.
+TEST(Collectives, ReduceScatterAndAllGatherIntoFlatShardsOfAnySize) {
+  for (auto dtype : {at::kFloat, at::kDouble, at::kLong, at::kBFloat16}) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1001}, int64_t{(1 << 18) + 3}}) {
+      const tandem::comm::ShardLayout layout{n, W()};
+      at::Tensor input = at::zeros({layout.padded()}, dtype);
+      input.narrow(0, 0, n).copy_(pattern(n, dtype) * (R() + 1));
+      at::Tensor mine = at::full({layout.shard()}, -1, dtype);
+      pg().reduce_scatter(mine, input, ReduceOp::Sum);
+      const at::Tensor sum = pattern(n, dtype) * (W() * (W() + 1) / 2);
+      const int64_t owned = layout.owned(R());
+      EXPECT_TRUE(at::equal(mine.narrow(0, 0, owned), sum.narrow(0, layout.begin(R()), owned))) << label(dtype, n);
+      EXPECT_TRUE(at::equal(mine.narrow(0, owned, layout.shard() - owned),
+                            at::zeros({layout.shard() - owned}, dtype)))
+          << "padding sums to zero: " << label(dtype, n);
+      at::Tensor whole = at::full({layout.padded()}, -1, dtype);
+      pg().all_gather_into(whole, mine);
+      EXPECT_TRUE(at::equal(whole.narrow(0, 0, n), sum)) << label(dtype, n);
+    }
+  }
+}
+
+TEST(Collectives, ReduceScatterAvgAndAsyncWork) {
+  const tandem::comm::ShardLayout layout{10, W()};
+  at::Tensor input = at::zeros({layout.padded()});
+  input.narrow(0, 0, 10).copy_(at::arange(10, at::kFloat) * (R() + 1));
+  at::Tensor mine = at::empty({layout.shard()});
+  pg().reduce_scatter(mine, input, ReduceOp::Avg);
+  const at::Tensor avg = at::arange(10, at::kFloat) * ((W() + 1) / 2.0);
+  EXPECT_TRUE(at::allclose(mine.narrow(0, 0, layout.owned(R())), avg.narrow(0, layout.begin(R()), layout.owned(R()))));
+  // Two in flight, waited in reverse order.
+  at::Tensor a = at::ones({4 * W()}), b = at::full({2 * W()}, 2.0);
+  at::Tensor out_a = at::empty({4}), out_b = at::empty({2});
+  auto work_a = pg().reduce_scatter_async(out_a, a);
+  auto work_b = pg().reduce_scatter_async(out_b, b);
+  pg().wait(work_b, "reduce_scatter b");
+  pg().wait(work_a, "reduce_scatter a");
+  EXPECT_TRUE(at::equal(out_a, at::full({4}, double(W()))));
+  EXPECT_TRUE(at::equal(out_b, at::full({2}, 2.0 * W())));
+  try {
+    pg().reduce_scatter_async(out_a, a, ReduceOp::Avg);
+    FAIL() << "async avg accepted on CPU";
+  } catch (const tandem::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pre-divide and use Sum"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Collectives, FlatCollectivesRefuseMismatchedBuffers) {
+  at::Tensor input = at::ones({3 * W() + 1}), out = at::empty({3});
+  try {
+    pg().reduce_scatter(out, input);
+    FAIL() << "a whole buffer that is not size() shards accepted";
+  } catch (const tandem::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reduce_scatter: the whole buffer has"), std::string::npos) << e.what();
+  }
+  at::Tensor doubles = at::empty({W()}, at::kDouble), one = at::ones({1});
+  EXPECT_THROW(pg().all_gather_into(doubles, one), tandem::Error);
 }
 
 TEST(Collectives, BarrierWaitsForEveryRank) {

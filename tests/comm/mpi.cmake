@@ -7,9 +7,11 @@ endif()
 set(_mpi_run ${TANDEM_CLI_PATH} run --backend mpi)
 add_test(NAME comm.collectives.mpi2
   COMMAND ${_mpi_run} --nproc-per-node 2 -- $<TARGET_FILE:collectives_test> ${_cpu_filter})
+add_test(NAME comm.collectives.mpi3
+  COMMAND ${_mpi_run} --nproc-per-node 3 -- $<TARGET_FILE:collectives_test> ${_cpu_filter})
 add_test(NAME comm.collectives.mpi4
   COMMAND ${_mpi_run} --nproc-per-node 4 -- $<TARGET_FILE:collectives_test> ${_cpu_filter})
-set_tests_properties(comm.collectives.mpi2 comm.collectives.mpi4 PROPERTIES ENVIRONMENT TANDEM_TEST_EXPECT_CPU_BACKEND=mpi)
+set_tests_properties(comm.collectives.mpi2 comm.collectives.mpi3 comm.collectives.mpi4 PROPERTIES ENVIRONMENT TANDEM_TEST_EXPECT_CPU_BACKEND=mpi)
 # Auto under plain mpirun (no --backend, no TANDEM_CPU_BACKEND) is MPI.
 add_test(NAME comm.collectives.mpi.auto_under_mpirun
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/ecosystem/mpirun.sh ok -- $<TARGET_FILE:collectives_test>
@@ -52,7 +54,11 @@ add_test(NAME comm.collectives.gloo2.inside_an_mpi_job
   COMMAND env OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 PMIX_RANK=0 TANDEM_TEST_EXPECT_CPU_BACKEND=gloo
     ${TANDEM_CLI_PATH} run --nproc-per-node 2 -- $<TARGET_FILE:collectives_test>
     --gtest_filter=Collectives.CpuBackendIsTheExpectedOne:Collectives.AllReduceSumIsExact)
-set(_mpi_tests comm.mpi.fail.backend_differs comm.collectives.gloo2.inside_an_mpi_job comm.collectives.mpi2 comm.collectives.mpi4 comm.collectives.mpi.auto_under_mpirun ddp.mpi2 ddp.mpi4
+# ZeRO-1 (tests/zero/sharded_optimizer_test.cpp) on MPI's own collectives.
+add_test(NAME zero.sharded_optimizer.mpi2 COMMAND ${_mpi_run} --nproc-per-node 2 -- $<TARGET_FILE:sharded_optimizer_test>)
+add_test(NAME zero.sharded_optimizer.mpi3 COMMAND ${_mpi_run} --nproc-per-node 3 -- $<TARGET_FILE:sharded_optimizer_test>)
+set(_mpi_tests comm.mpi.fail.backend_differs comm.collectives.gloo2.inside_an_mpi_job comm.collectives.mpi2 comm.collectives.mpi3 comm.collectives.mpi4 comm.collectives.mpi.auto_under_mpirun ddp.mpi2 ddp.mpi4
+  zero.sharded_optimizer.mpi2 zero.sharded_optimizer.mpi3
   faults.hung_rank.mpi2 faults.exited_rank.mpi2 faults.hung_rank.ddp.mpi2 faults.killed_rank.mpi2
   comm.mpi.fail.no_launcher comm.mpi.fail.bad_variable)
 if(TARGET train_ddp)

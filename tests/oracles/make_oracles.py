@@ -5,6 +5,8 @@
                             (N, world size, rank, seed, epoch, shuffle, drop_last)
   bucket_assignment.json    torch.distributed._compute_bucket_assignment_by_size for a table of
                             parameter lists and size limits
+  zero_partition.json       torch.distributed.optim.ZeroRedundancyOptimizer's assignment of
+                            parameters to ranks for a table of param groups and world sizes
 
 Run with the pinned wheel:  .venv/bin/python tests/oracles/make_oracles.py
 The output is committed; the C++ tests never need Python.
@@ -68,12 +70,44 @@ def bucket_cases():
     return cases
 
 
+def zero_partition_cases():
+    """ZeroRedundancyOptimizer._partition_parameters, PyTorch's own code, without a process
+    group: the method reads only world_size, param_groups and its cache."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    models = {
+        "one_group": [[784 * 512, 512, 512 * 256, 256, 256 * 10, 10]],
+        "equal_sizes": [[100] * 7],
+        "two_groups": [[1000, 10, 5000, 7], [3000, 3000, 1, 2]],
+        "three_groups_uneven": [[7], [300000, 20, 20, 20], [5, 5000000, 64, 64, 1]],
+        "fewer_params_than_ranks": [[10, 20]],
+        "with_empty": [[0, 50, 0, 50]],
+    }
+    cases = []
+    for (name, groups), world in itertools.product(models.items(), [1, 2, 3, 4, 8]):
+        zro = ZeroRedundancyOptimizer.__new__(ZeroRedundancyOptimizer)
+        zro.world_size = world
+        zro.param_groups = [{"params": [torch.empty(n) for n in numels], "lr": 0.1} for numels in groups]
+        zro._partition_parameters_cache = []
+        partition = zro._partition_parameters()
+        ids = {id(p): (g, i) for g, group in enumerate(zro.param_groups) for i, p in enumerate(group["params"])}
+        owner = [[-1] * len(numels) for numels in groups]
+        for rank, rank_groups in enumerate(partition):
+            for rank_group in rank_groups:
+                for p in rank_group["params"]:
+                    g, i = ids[id(p)]
+                    owner[g][i] = rank
+        cases.append(dict(model=name, world_size=world, numels=groups, owner=owner))
+    return cases
+
+
 def main():
     meta = dict(torch_version=torch.__version__, generator="tests/oracles/make_oracles.py")
     with open(os.path.join(HERE, "distributed_sampler.json"), "w") as f:
         json.dump(dict(meta=meta, cases=sampler_cases()), f, separators=(",", ":"))
     with open(os.path.join(HERE, "bucket_assignment.json"), "w") as f:
         json.dump(dict(meta=meta, cases=bucket_cases()), f, indent=1)
+    with open(os.path.join(HERE, "zero_partition.json"), "w") as f:
+        json.dump(dict(meta=meta, cases=zero_partition_cases()), f, indent=1)
     print("wrote oracles with torch", torch.__version__)
 
 

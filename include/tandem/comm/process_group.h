@@ -115,6 +115,18 @@ class ProcessGroup {
   std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
   void barrier();
 
+  // Flat collectives (Note [Flat collectives] in process_group.cpp), the sharded optimizer's and
+  // reducer's: `input` of a reduce-scatter is size() equal shards back to back, and this rank's
+  // `output` (input.numel() / size() elements) receives the reduction of its shard over every
+  // rank; an all-gather's `output` (size() * input.numel()) receives every rank's `input` in rank
+  // order. Same dtype and device, contiguous. Sizes that do not divide are padded by the caller
+  // (comm/shard_layout.h). Async Avg follows all_reduce_async: native on NCCL, refused on CPU.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_async(at::Tensor& output, at::Tensor& input,
+                                                      ReduceOp op = ReduceOp::Sum);
+  void reduce_scatter(at::Tensor& output, at::Tensor& input, ReduceOp op = ReduceOp::Sum);
+  c10::intrusive_ptr<c10d::Work> all_gather_into_async(at::Tensor& output, at::Tensor& input);
+  void all_gather_into(at::Tensor& output, at::Tensor& input);
+
   /// Waits for `work`, turning a c10d failure into a one-line tandem::Error about `what` that
   /// names the collective's sequence number and the ranks that did not arrive. On CUDA tensors it
   /// only orders the current stream after the collective (Note [Stream-ordered waits]).
@@ -127,6 +139,8 @@ class ProcessGroup {
   detail::CollectiveCall begin(detail::CollectiveKind kind, const at::Tensor* tensor, int64_t detail);
   /// all_reduce as issued (`wire`) and as the caller asked (`asked`: Avg done as Sum then a division).
   c10::intrusive_ptr<c10d::Work> issue_all_reduce(at::Tensor& tensor, ReduceOp wire, ReduceOp asked);
+  c10::intrusive_ptr<c10d::Work> issue_reduce_scatter(at::Tensor& output, at::Tensor& input, ReduceOp wire,
+                                                      ReduceOp asked);
   void remember(const c10::intrusive_ptr<c10d::Work>& work, const detail::CollectiveCall& call);
   /// The error for a failed collective: `what`, where, the cause, and the other ranks' whereabouts.
   Error failure(const std::string& what, const detail::CollectiveCall* call, const std::exception& cause) const;

@@ -1,0 +1,68 @@
+#pragma once
+// ZeRO stage 1 (Rajbhandari et al., arXiv:1910.02054) over a LibTorch optimizer the caller already
+// has: each rank keeps optimizer state for, and steps, only the parameters it owns (PyTorch's
+// ZeroRedundancyOptimizer assignment, tandem/zero/partition.h); after the step each owner
+// broadcasts its updated parameters, one coalesced message per rank, so every rank holds the
+// same weights again. Gradients must already agree across ranks (DDP averages them), and the
+// result is then bit for bit the unsharded optimizer's (Note [Sharding an optimizer in place]).
+//
+//   tandem::ddp::DistributedDataParallel model(net, pg);
+//   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+//   tandem::zero::ShardedOptimizer optimizer(adamw, pg);
+//   loss.backward();
+//   optimizer.step();
+//   optimizer.zero_grad();
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include "tandem/comm/process_group.h"
+
+namespace tandem::zero {
+
+class ShardedOptimizer {
+ public:
+  /// Takes the parameters this rank does not own out of `optimizer`'s param groups (they come
+  /// back when this object is destroyed) and drops their state; `optimizer` must outlive it.
+  /// Throws tandem::Error for an optimizer that needs every parameter in its step (LBFGS).
+  ShardedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<comm::ProcessGroup> pg);
+  ~ShardedOptimizer();
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+
+  /// Steps this rank's parameters, then gives every rank every owner's update. Collective: every
+  /// rank calls it. Throws tandem::Error (before anything changes) for sparse gradients or when
+  /// the optimizer's param groups changed since construction.
+  void step();
+  /// The same, stepping the sharded optimizer through `stepper` (e.g. a GradScaler's step, which
+  /// unscales and may skip): the updates are exchanged when it returns true, which it must on
+  /// every rank alike. Returns what it returned.
+  bool step(const std::function<bool(torch::optim::Optimizer&)>& stepper);
+  /// Zeroes (or, by default, drops) the gradients of every parameter, owned or not.
+  void zero_grad(bool set_to_none = true);
+
+  /// The owner of parameter `index` of group `group` (the optimizer's order at construction).
+  int owner(size_t group, size_t index) const { return owners_.at(group).at(index); }
+  /// Every parameter of the groups, owned or not, as given at construction.
+  const std::vector<std::vector<at::Tensor>>& all_params() const { return all_; }
+  /// How many elements each rank owns.
+  std::vector<int64_t> owned_numel() const;
+  torch::optim::Optimizer& optimizer() { return optimizer_; }
+  comm::ProcessGroup& process_group() { return *pg_; }
+
+ private:
+  void check_unchanged() const;
+  void sync_parameters();
+
+  torch::optim::Optimizer& optimizer_;
+  std::shared_ptr<comm::ProcessGroup> pg_;
+  std::vector<std::vector<at::Tensor>> all_;     // per group, every parameter
+  std::vector<std::vector<int>> owners_;         // per group, each parameter's owner
+  std::vector<std::vector<at::Tensor>> by_rank_; // per rank, its parameters in group order
+};
+
+}  // namespace tandem::zero

@@ -1,0 +1,141 @@
+#include "tandem/zero/sharded_optimizer.h"
+
+#include <torch/optim/lbfgs.h>
+
+#include "tandem/error.h"
+#include "tandem/zero/partition.h"
+
+namespace tandem::zero {
+
+// Note [Sharding an optimizer in place]
+// LibTorch's optimizers keep one state entry per parameter, created at its first step, and step
+// only the parameters of their param groups. Taking the parameters another rank owns out of the
+// groups is therefore all it takes for any of them (SGD, Adam, AdamW, RMSprop, Adagrad) to hold
+// state for 1/N of the model and to step only that: no per-type code, the groups' hyper-
+// parameters (learning rate, weight decay) untouched. Each parameter's update depends only on its
+// gradient, its state and its group's options, so the owner computes exactly what the unsharded
+// optimizer would, and a broadcast copies those bits to the other ranks: ZeRO-1 equals plain DDP
+// bit for bit. State another rank owns is dropped (Adagrad makes its state at construction; an
+// optimizer that stepped before being sharded holds it all): each owner keeps its own, so sharding
+// an optimizer mid-training continues it exactly. LBFGS is the exception (its step is a line
+// search over every parameter at once) and is refused. The groups get every parameter back when the ShardedOptimizer goes, so the
+// optimizer is whole again (with state for the parameters this rank owned).
+
+namespace {
+
+bool same_tensors(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].is_same(b[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<comm::ProcessGroup> pg)
+    : optimizer_(optimizer), pg_(std::move(pg)) {
+  TANDEM_CHECK(pg_, "ShardedOptimizer: no process group");
+  TANDEM_CHECK(!dynamic_cast<torch::optim::LBFGS*>(&optimizer),
+               "ShardedOptimizer: LBFGS cannot be sharded (its step searches along every parameter at once); "
+               "use SGD, Adam, AdamW, RMSprop or Adagrad, or LBFGS without ZeRO");
+  std::vector<std::vector<int64_t>> numels;
+  for (auto& group : optimizer.param_groups()) {
+    all_.push_back(group.params());
+    numels.emplace_back();
+    for (const auto& p : group.params()) numels.back().push_back(p.numel());
+  }
+  owners_ = assign_owners(numels, pg_->size());
+  by_rank_.resize(static_cast<size_t>(pg_->size()));
+  for (size_t g = 0; g < all_.size(); ++g) {
+    std::vector<at::Tensor> mine;
+    for (size_t i = 0; i < all_[g].size(); ++i) {
+      by_rank_[static_cast<size_t>(owners_[g][i])].push_back(all_[g][i]);
+      if (owners_[g][i] == pg_->rank()) {
+        mine.push_back(all_[g][i]);
+      } else {
+        // State another rank owns: made eagerly by Adagrad, or by steps taken before sharding.
+        optimizer.state().erase(all_[g][i].unsafeGetTensorImpl());
+      }
+    }
+    optimizer.param_groups()[g].params() = std::move(mine);
+  }
+}
+
+ShardedOptimizer::~ShardedOptimizer() {
+  auto& groups = optimizer_.param_groups();
+  for (size_t g = 0; g < all_.size() && g < groups.size(); ++g) groups[g].params() = all_[g];
+}
+
+void ShardedOptimizer::check_unchanged() const {
+  const auto& groups = optimizer_.param_groups();
+  bool same = groups.size() == all_.size();
+  for (size_t g = 0; same && g < all_.size(); ++g) {
+    std::vector<at::Tensor> mine;
+    for (size_t i = 0; i < all_[g].size(); ++i) {
+      if (owners_[g][i] == pg_->rank()) mine.push_back(all_[g][i]);
+    }
+    same = same_tensors(groups[g].params(), mine);
+  }
+  TANDEM_CHECK(same,
+               "ShardedOptimizer: the optimizer's param groups changed after it was sharded (a group or a parameter "
+               "added or removed); build a new ShardedOptimizer over the changed optimizer");
+}
+
+void ShardedOptimizer::step() {
+  step([](torch::optim::Optimizer& optimizer) {
+    optimizer.step();
+    return true;
+  });
+}
+
+bool ShardedOptimizer::step(const std::function<bool(torch::optim::Optimizer&)>& stepper) {
+  check_unchanged();
+  for (const auto& group : all_) {
+    for (const auto& p : group) {
+      TANDEM_CHECK(!p.grad().defined() || !p.grad().is_sparse(),
+                   "ShardedOptimizer: a parameter has a sparse gradient (e.g. Embedding(sparse=true)); ZeRO shards "
+                   "dense gradients only: use a dense embedding");
+    }
+  }
+  bool stepped = false;
+  {
+    at::NoGradGuard no_grad;
+    stepped = stepper(optimizer_);
+  }
+  if (stepped) sync_parameters();
+  return stepped;
+}
+
+void ShardedOptimizer::sync_parameters() {
+  for (int r = 0; r < pg_->size(); ++r) {
+    auto& theirs = by_rank_[static_cast<size_t>(r)];
+    if (!theirs.empty()) pg_->broadcast_coalesced(theirs, r);
+  }
+}
+
+void ShardedOptimizer::zero_grad(bool set_to_none) {
+  for (const auto& group : all_) {
+    for (const auto& p : group) {
+      if (!p.mutable_grad().defined()) continue;
+      if (set_to_none) {
+        p.mutable_grad().reset();
+      } else {
+        p.mutable_grad().detach_();
+        p.mutable_grad().zero_();
+      }
+    }
+  }
+}
+
+std::vector<int64_t> ShardedOptimizer::owned_numel() const {
+  std::vector<int64_t> out;
+  for (const auto& params : by_rank_) {
+    int64_t n = 0;
+    for (const auto& p : params) n += p.numel();
+    out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace tandem::zero
