@@ -2,7 +2,8 @@
 // several processes (`tandem run`, torchrun, mpirun), on one GPU or several.
 //
 //   tandem run --nproc-per-node 2 -- ./fashion_mnist [--epochs 8] [--strategy auto|single|dp|ddp]
-//       [--mixed-precision no|bf16|fp16] [--batch-size 64] [--checkpoints DIR] [--resume-from DIR]
+//       [--mixed-precision no|bf16|fp16] [--zero-stage 0|1] [--batch-size 64] [--checkpoints DIR]
+//       [--resume-from DIR]
 //
 // It prints the test accuracy and the throughput at the end, and leaves a checkpoint.
 #include <cstdio>
@@ -45,13 +46,15 @@ std::map<std::string, tandem::Precision> kPrecisions = {
 
 int train(int argc, char** argv) {
   CLI::App app{"Fashion-MNIST with tandem::Accelerator"};
-  int epochs = 8;
+  int epochs = 8, zero_stage = 0;
   int64_t batch_size = 64;
   std::string strategy = "auto", precision = "no", checkpoints = "checkpoints", resume_from, data_root;
   app.add_option("--epochs", epochs, "Passes over the training set")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--batch-size", batch_size, "Samples per process per step")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--strategy", strategy)->check(CLI::IsMember({"auto", "single", "dp", "ddp"}))->capture_default_str();
   app.add_option("--mixed-precision", precision)->check(CLI::IsMember({"no", "bf16", "fp16"}))->capture_default_str();
+  app.add_option("--zero-stage", zero_stage, "0: plain DDP; 1: each process keeps its share of Adam's state")
+      ->check(CLI::IsMember({0, 1}))->capture_default_str();
   app.add_option("--checkpoints", checkpoints, "Where the final checkpoint goes")->capture_default_str();
   app.add_option("--resume-from", resume_from, "A checkpoint folder (or a folder of them) to continue from");
   app.add_option("--data", data_root, "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
@@ -60,6 +63,7 @@ int train(int argc, char** argv) {
   tandem::Accelerator acc(tandem::AcceleratorOptions()
                               .strategy(kStrategies.at(strategy))
                               .mixed_precision(kPrecisions.at(precision))
+                              .zero_stage(zero_stage)
                               .seed(42));
   auto options = tandem::data::FashionMnistOptions();
   if (!data_root.empty()) options.root(data_root);

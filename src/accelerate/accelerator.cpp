@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <cstring>
 #include <limits>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <torch/nn/utils/clip_grad.h>
@@ -22,6 +24,7 @@
 #include "tandem/comm/cuda_info.h"
 #include "tandem/error.h"
 #include "tandem/host_allocator.h"
+#include "tandem/zero/clip_grad_norm.h"
 
 namespace tandem {
 namespace {
@@ -31,6 +34,33 @@ constexpr int kStateFormat = 1;
 bool exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+// Every rank's `bytes`, on every rank, in rank order (lengths may differ).
+std::vector<std::string> gather_bytes(comm::ProcessGroup& pg, const std::string& bytes) {
+  const auto lengths = pg.all_gather(at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong));
+  int64_t longest = 0;
+  for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
+  at::Tensor mine = at::zeros({longest}, at::kByte);
+  if (!bytes.empty()) std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
+  const auto all = pg.all_gather(mine);
+  std::vector<std::string> out;
+  for (size_t r = 0; r < all.size(); ++r) {
+    out.emplace_back(static_cast<const char*>(all[r].data_ptr()), static_cast<size_t>(lengths[r].item<int64_t>()));
+  }
+  return out;
+}
+
+std::string shard_name(size_t optimizer, int rank) {
+  return "optimizer_" + std::to_string(optimizer) + ".rank" + std::to_string(rank) + ".pt";
 }
 
 }  // namespace
@@ -71,6 +101,9 @@ void Accelerator::initialize() {
   TANDEM_CHECK(options_.gradient_accumulation_steps() >= 1, "Accelerator: gradient_accumulation_steps must be >= 1 (got ",
                options_.gradient_accumulation_steps(), ")");
   TANDEM_CHECK(options_.collective_timeout().count() > 0, "Accelerator: collective_timeout must be positive");
+  TANDEM_CHECK(options_.zero_stage() == 0 || options_.zero_stage() == 1, "Accelerator: zero_stage ",
+               options_.zero_stage(), " is not available (0: plain DDP, 1: optimizer state sharded; stage 2, "
+               "gradients sharded too, is not built yet)");
   // Before any CUDA work: this rank's GPU becomes the current device (one per rank on a node).
   comm::bind_cuda_device(world_.local_rank);
   choose_strategy();
@@ -113,12 +146,27 @@ void Accelerator::choose_strategy() {
   }
   TANDEM_CHECK(processes == 1 || strategy_ == Strategy::Ddp, "Accelerator: strategy ", to_string(strategy_),
                " runs in one process, but ", launched, ": use Strategy::Ddp (or Auto), or start one process");
+  TANDEM_CHECK(options_.zero_stage() == 0 || strategy_ != Strategy::DataParallel, "Accelerator: zero_stage ",
+               options_.zero_stage(), " shards the optimizer across processes, and DataParallel runs in one: start "
+               "one process per device (tandem run --nproc-per-node N) with Strategy::Ddp, or use zero_stage 0");
   device_ = gpus > 0 ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
                                                    strategy_ == Strategy::DataParallel ? 0 : world_.local_rank))
                      : c10::Device(c10::kCPU);
 }
 
-void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) { optimizers_.push_back(&optimizer); }
+void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
+  optimizers_.push_back(&optimizer);
+  // A single process (no group) has nothing to shard: the optimizer stays whole.
+  const bool shard = options_.zero_stage() >= 1 && pg_ && strategy_ == Strategy::Ddp;
+  sharded_.push_back(shard ? std::make_unique<zero::ShardedOptimizer>(optimizer, pg_) : nullptr);
+}
+
+zero::ShardedOptimizer* Accelerator::sharded_of(const torch::optim::Optimizer& optimizer) const {
+  for (size_t o = 0; o < optimizers_.size(); ++o) {
+    if (optimizers_[o] == &optimizer) return sharded_[o].get();
+  }
+  return nullptr;
+}
 
 data::DistributedSamplerOptions Accelerator::sampler_options(bool shuffle) const {
   return data::DistributedSamplerOptions().shuffle(shuffle).seed(options_.seed()).drop_last(!options_.even_batches());
@@ -164,15 +212,19 @@ void Accelerator::backward(const at::Tensor& loss) {
 
 bool Accelerator::step(torch::optim::Optimizer& optimizer) {
   if (!sync_gradients_) return false;
-  bool stepped = true;
+  // The scaler (fp16) or a plain step; a sharded optimizer then hands every owner's update round.
+  auto stepper = [this](torch::optim::Optimizer& o) {
+    if (scaler_) return scaler_->step(o);
+    o.step();
+    return true;
+  };
+  zero::ShardedOptimizer* sharded = sharded_of(optimizer);
+  const bool stepped = sharded ? sharded->step(stepper) : stepper(optimizer);
   if (scaler_) {
-    stepped = scaler_->step(optimizer);
     // One update per iteration, once every prepared optimizer has stepped.
     bool all_stepped = true;
     for (auto* o : optimizers_) all_stepped = all_stepped && scaler_->state_of(*o) == amp::OptState::Stepped;
     if (all_stepped) scaler_->update();
-  } else {
-    optimizer.step();
   }
   step_skipped_ = !stepped;
   // One step per iteration, however many optimizers (the first prepared one counts).
@@ -181,7 +233,12 @@ bool Accelerator::step(torch::optim::Optimizer& optimizer) {
 }
 
 void Accelerator::zero_grad(torch::optim::Optimizer& optimizer) {
-  if (sync_gradients_) optimizer.zero_grad();
+  if (!sync_gradients_) return;
+  if (zero::ShardedOptimizer* sharded = sharded_of(optimizer)) {
+    sharded->zero_grad();  // every parameter's, not only the ones this process owns
+  } else {
+    optimizer.zero_grad();
+  }
 }
 
 double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
@@ -192,7 +249,12 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
       if (scaler_->state_of(*optimizer) == amp::OptState::Ready) scaler_->unscale(*optimizer);
     }
   }
-  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+  std::vector<const zero::ShardedOptimizer*> sharded;
+  for (const auto& s : sharded_) {
+    if (s) sharded.push_back(s.get());
+  }
+  if (sharded.empty()) return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+  return zero::clip_grad_norm(parameters, sharded, *pg_, max_norm, norm_type);
 }
 
 // ---- utilities ------------------------------------------------------------------------------------
@@ -304,6 +366,14 @@ std::string Accelerator::save_state(const std::string& root) {
                options_.gradient_accumulation_steps(),
                "): the accumulated gradients are not saved; call it after a batch where sync_gradients() is true");
   const auto rng = rng_states(pg_, world_.world_size, device_);  // a collective: every rank
+  // Note [ZeRO checkpoints, for now]: a sharded optimizer is saved as each process's shard (its
+  // LibTorch archive), gathered to the main process and written beside the whole ones; it loads
+  // back at the same world size, into an optimizer sharded the same way. Checkpoints that load at
+  // any world size, sharded or not, are issue 21's next part.
+  std::vector<std::vector<std::string>> shards(optimizers_.size());
+  for (size_t o = 0; o < optimizers_.size(); ++o) {
+    if (sharded_[o]) shards[o] = gather_bytes(*pg_, optimizer_bytes(*optimizers_[o]));
+  }
   std::string path = root + "/" + accelerate::checkpoint_name(completed_steps_);
   std::string failure;
   if (is_main_process()) {
@@ -313,7 +383,13 @@ std::string Accelerator::save_state(const std::string& root) {
         accelerate::save_safetensors(writer.path_for("model_" + std::to_string(m) + ".safetensors"), models_[m].state(),
                                      {{"format", "pt"}});
       }
+      nlohmann::json sharded_optimizers = nlohmann::json::array();
       for (size_t o = 0; o < optimizers_.size(); ++o) {
+        sharded_optimizers.push_back(static_cast<bool>(sharded_[o]));
+        if (sharded_[o]) {
+          for (size_t r = 0; r < shards[o].size(); ++r) writer.add_file(shard_name(o, static_cast<int>(r)), shards[o][r]);
+          continue;
+        }
         torch::serialize::OutputArchive archive;
         optimizers_[o]->save(archive);
         archive.save_to(writer.path_for("optimizer_" + std::to_string(o) + ".pt"));
@@ -327,6 +403,7 @@ std::string Accelerator::save_state(const std::string& root) {
       state["end_of_data"] = end_of_data_;
       state["models"] = models_.size();
       state["optimizers"] = optimizers_.size();
+      state["sharded_optimizers"] = sharded_optimizers;
       state["loaders"] = nlohmann::json::array();
       for (const auto& loader : loaders_) {
         const auto [epoch, done] = loader.position();
@@ -396,9 +473,19 @@ void Accelerator::load_state(const std::string& path) {
       tensor.copy_(it->second);
     }
   }
+  const auto saved_sharded = state.value("sharded_optimizers", std::vector<bool>(optimizers_.size(), false));
   for (size_t o = 0; o < optimizers_.size(); ++o) {
+    const bool sharded = static_cast<bool>(sharded_[o]);
+    TANDEM_CHECK(o < saved_sharded.size() && saved_sharded[o] == sharded, "load_state: ", dir, " holds optimizer ", o,
+                 saved_sharded.size() > o && saved_sharded[o] ? " sharded (ZeRO)" : " whole", ", but this Accelerator's is ",
+                 sharded ? "sharded (zero_stage 1)" : "whole", ": resume with the zero_stage it was saved with");
     torch::serialize::InputArchive archive;
-    archive.load_from(reader.path("optimizer_" + std::to_string(o) + ".pt"));
+    if (sharded) {
+      std::istringstream in(reader.read(shard_name(o, world_.rank)));
+      archive.load_from(in);
+    } else {
+      archive.load_from(reader.path("optimizer_" + std::to_string(o) + ".pt"));
+    }
     optimizers_[o]->load(archive);
   }
   auto rng = accelerate::load_safetensors(reader.path("rng.safetensors"));

@@ -27,8 +27,10 @@
 // read only that reduced value, so every rank skips the same steps and computes the same scale.
 // Under DDP the gradients are already averaged (an inf anywhere is an inf everywhere), but with
 // unsynced gradients (no_sync, DataParallel replicas, a user's own all-reduce) only the
-// all-reduce makes it certain. It costs one 4-byte all-reduce per optimizer per step; step()
-// reads the value on the host anyway, as PyTorch's does.
+// all-reduce makes it certain. It costs one 8-byte all-reduce per optimizer per step; step()
+// reads the value on the host anyway, as PyTorch's does. The second value says whether this rank
+// had gradients at all: under ZeRO a rank may own none of an optimizer's parameters, and the
+// "no gradients" error is about every rank, not one.
 
 namespace tandem::amp {
 namespace {
@@ -145,10 +147,12 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
   state.found_inf_per_device = unscale_grads(optimizer, inv_scale, found_inf);
 
   // Note [Found inf across ranks]
-  at::Tensor combined = at::zeros({}, scale_.options().dtype(at::kFloat));
-  for (auto& [device, t] : state.found_inf_per_device) combined.add_(t.to(scale_.device(), /*non_blocking=*/true));
+  at::Tensor combined = at::zeros({2}, scale_.options().dtype(at::kFloat));
+  for (auto& [device, t] : state.found_inf_per_device) combined[0].add_(t.to(scale_.device(), /*non_blocking=*/true));
+  if (!state.found_inf_per_device.empty()) combined[1].fill_(1);
   if (process_group_) process_group_->all_reduce(combined, comm::ReduceOp::Max);
-  state.found_inf = combined;
+  state.found_inf = combined[0].clone();
+  state.checked = combined[1].item<float>() > 0;
   state.stage = OptState::Unscaled;
 }
 
@@ -163,7 +167,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
                "GradScaler::step: already called for this optimizer since the last update(): call update() once "
                "per iteration, after step() for every optimizer");
   if (state.stage == OptState::Ready) unscale(optimizer);
-  TANDEM_CHECK(!state.found_inf_per_device.empty(),
+  TANDEM_CHECK(state.checked,
                "GradScaler::step: the optimizer has no gradients to check: call scaler.scale(loss).backward() "
                "before step()");
   // Every rank reads the same reduced value here (Note [Found inf across ranks]).

@@ -51,6 +51,7 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, std::shar
     std::vector<at::Tensor> mine;
     for (size_t i = 0; i < all_[g].size(); ++i) {
       by_rank_[static_cast<size_t>(owners_[g][i])].push_back(all_[g][i]);
+      owner_by_impl_[all_[g][i].unsafeGetTensorImpl()] = owners_[g][i];
       if (owners_[g][i] == pg_->rank()) {
         mine.push_back(all_[g][i]);
       } else {
@@ -60,11 +61,6 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, std::shar
     }
     optimizer.param_groups()[g].params() = std::move(mine);
   }
-}
-
-ShardedOptimizer::~ShardedOptimizer() {
-  auto& groups = optimizer_.param_groups();
-  for (size_t g = 0; g < all_.size() && g < groups.size(); ++g) groups[g].params() = all_[g];
 }
 
 void ShardedOptimizer::check_unchanged() const {
@@ -126,6 +122,11 @@ void ShardedOptimizer::zero_grad(bool set_to_none) {
       }
     }
   }
+}
+
+int ShardedOptimizer::owner_of(const at::Tensor& param) const {
+  auto it = owner_by_impl_.find(param.unsafeGetTensorImpl());
+  return it == owner_by_impl_.end() ? -1 : it->second;
 }
 
 std::vector<int64_t> ShardedOptimizer::owned_numel() const {

@@ -38,6 +38,7 @@
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/world.h"
+#include "tandem/zero/sharded_optimizer.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -109,7 +110,9 @@ class Accelerator {
   /// the user's type (`model->module()`).
   template <typename ModuleHolder>
   PreparedModel<ModuleHolder> prepare_model(ModuleHolder module);
-  /// Registers an optimizer for clip_grad_norm's unscaling and for save_state/load_state.
+  /// Registers an optimizer for clip_grad_norm's unscaling and for save_state/load_state; with
+  /// zero_stage(1) over several processes, shards it (each process then keeps state for, and
+  /// steps, its share of the parameters: step() and zero_grad() go through the Accelerator).
   void prepare_optimizer(torch::optim::Optimizer& optimizer);
   /// A LibTorch dataset read in batches of `batch_size` per process, sharded and reshuffled per
   /// epoch (Note [Loader position]); batches are moved to device() by the caller's forward.
@@ -223,6 +226,7 @@ class Accelerator {
   void on_batch(const accelerate::LoaderProgress& progress);
   std::pair<int64_t, int64_t> share_of(int64_t n) const;
   data::DistributedSamplerOptions sampler_options(bool shuffle) const;
+  zero::ShardedOptimizer* sharded_of(const torch::optim::Optimizer& optimizer) const;
   template <typename Dataset>
   void register_loader(accelerate::PreparedLoader<Dataset>& loader);
 
@@ -234,6 +238,7 @@ class Accelerator {
   std::shared_ptr<comm::ProcessGroup> pg_;
   std::unique_ptr<amp::GradScaler> scaler_;
   std::vector<torch::optim::Optimizer*> optimizers_;
+  std::vector<std::unique_ptr<zero::ShardedOptimizer>> sharded_;  // per optimizer; null: whole
   std::vector<ModelEntry> models_;
   std::vector<LoaderEntry> loaders_;
   std::vector<std::tuple<std::string, std::function<std::string()>, std::function<void(const std::string&)>>> custom_;

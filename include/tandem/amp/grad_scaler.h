@@ -147,6 +147,8 @@ class GradScaler {
     // sum on the scale's device after the all-reduce across ranks.
     std::vector<std::pair<c10::Device, at::Tensor>> found_inf_per_device;
     at::Tensor found_inf;
+    // Whether any rank had gradients to check: a ZeRO-sharded optimizer may own none here.
+    bool checked = false;
   };
 
   void check_started(const char* method) const;

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -26,11 +27,10 @@ namespace tandem::zero {
 
 class ShardedOptimizer {
  public:
-  /// Takes the parameters this rank does not own out of `optimizer`'s param groups (they come
-  /// back when this object is destroyed) and drops their state; `optimizer` must outlive it.
+  /// Takes the parameters this rank does not own out of `optimizer`'s param groups for good and
+  /// drops their state; `optimizer` must outlive this object (which never touches it when it goes).
   /// Throws tandem::Error for an optimizer that needs every parameter in its step (LBFGS).
   ShardedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<comm::ProcessGroup> pg);
-  ~ShardedOptimizer();
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
@@ -47,6 +47,8 @@ class ShardedOptimizer {
 
   /// The owner of parameter `index` of group `group` (the optimizer's order at construction).
   int owner(size_t group, size_t index) const { return owners_.at(group).at(index); }
+  /// The owner of `param`, or -1 when it is none of this optimizer's parameters.
+  int owner_of(const at::Tensor& param) const;
   /// Every parameter of the groups, owned or not, as given at construction.
   const std::vector<std::vector<at::Tensor>>& all_params() const { return all_; }
   /// How many elements each rank owns.
@@ -63,6 +65,7 @@ class ShardedOptimizer {
   std::vector<std::vector<at::Tensor>> all_;     // per group, every parameter
   std::vector<std::vector<int>> owners_;         // per group, each parameter's owner
   std::vector<std::vector<at::Tensor>> by_rank_; // per rank, its parameters in group order
+  std::unordered_map<const void*, int> owner_by_impl_;
 };
 
 }  // namespace tandem::zero

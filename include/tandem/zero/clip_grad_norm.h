@@ -1,0 +1,22 @@
+#pragma once
+// clip_grad_norm_ when optimizers are sharded (ZeRO-1): a parameter a ShardedOptimizer holds
+// counts on the rank that owns it (the others may not have unscaled its gradient: a GradScaler
+// unscales the optimizer's own parameters), any other parameter on rank 0 (its gradient is the
+// same everywhere). Each parameter's norm is computed where it counts and summed over ranks with
+// exact zeros from the others, then combined as torch::nn::utils::clip_grad_norm_ does, so every
+// rank returns unsharded's total norm, bit for bit, and the clip scales the owned gradients and
+// the unsharded ones by unsharded's coefficient. Without sharded optimizers it is that function.
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "tandem/comm/process_group.h"
+#include "tandem/zero/sharded_optimizer.h"
+
+namespace tandem::zero {
+
+/// The total norm of the gradients of `parameters`, as if nothing were sharded, and the clip.
+double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vector<const ShardedOptimizer*>& sharded,
+                      comm::ProcessGroup& pg, double max_norm, double norm_type = 2.0);
+
+}  // namespace tandem::zero
