@@ -383,7 +383,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
 // updated slices back together. Both go through c10d's flat entry points, `_reduce_scatter_base`
 // and `_allgather_base`: NCCL's own kernels; on our MPI backend MPI_Reduce_scatter_block and
 // MPI_Allgather; on Gloo an all-reduce of the whole input and a copy of this rank's slice (twice a
-// real reduce-scatter's traffic, Sum only; docs/design/zero.md measures it). Avg on CPU is Sum and
+// real reduce-scatter's traffic; docs/design/zero.md). Avg on CPU is Sum and
 // one division of the output, as all_reduce does.
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_async(at::Tensor& output, at::Tensor& input, ReduceOp op) {
   if (op == ReduceOp::Avg && !input.is_cuda()) {
