@@ -30,6 +30,7 @@ STRATEGIES = {
     "dp-persistent": ("replicas", False),
     "ddp": ("ranks", True),
     "accelerate": ("ranks", True),
+    "zero1": ("ranks", True),
     "dp": ("replicas", True),
     "ddp-no-sync": ("ranks", True),
     "allreduce": ("ranks", False),
@@ -162,6 +163,7 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 import torch.distributed.nn  # noqa: E402,F401  before any process group: Note [Gloo threads at exit]
+from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: E402  the same: its defaults bind group.WORLD
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -178,7 +180,9 @@ import torch.nn.functional as F  # noqa: E402
 # torch._dynamo); after init_process_group that pins the default group forever, so
 # destroy_process_group leaves its threads running until exit, and under load the worker's
 # release lags behind the main thread's exit. Imported before any process group exists, the
-# defaults are None. Every path then frees what holds the group (the DDP model, accelerate's
+# defaults are None. torch.distributed.optim's ZeroRedundancyOptimizer (the zero1 peer) binds
+# `group=dist.group.WORLD` the same way in a helper's defaults: it is imported early too. Every
+# path then frees what holds the group (the DDP model, accelerate's
 # prepared objects) before destroying it, and the exit checks that no Gloo thread is left.
 
 
@@ -393,6 +397,16 @@ def minor_faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def model_state_bytes(net, opt):
+    """This rank's parameter, gradient and optimizer-state bytes, accounted from the tensors (the
+    worker's model_state_bytes): ZeroRedundancyOptimizer keeps its share in opt.optim.state."""
+    local = getattr(opt, "optim", opt)
+    tensors = [t for s in local.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
+    return [sum(p.numel() * p.element_size() for p in net.parameters()),
+            sum(p.grad.numel() * p.grad.element_size() for p in net.parameters() if p.grad is not None),
+            sum(t.numel() * t.element_size() for t in tensors)]
+
+
 def ddp_buckets(model):
     try:
         return len(model.reducer._get_zeros_like_grad_buckets())
@@ -442,7 +456,7 @@ class Measurement:
         if a.strategy == "accelerate":
             return self.run_accelerate()
         dist = torch.distributed
-        if a.strategy in ("ddp", "ddp-no-sync"):
+        if a.strategy in ("ddp", "ddp-no-sync", "zero1"):
             backend = "nccl" if self.cuda else "gloo"
             if "MASTER_ADDR" in os.environ:
                 dist.init_process_group(backend, rank=self.rank, world_size=self.world)
@@ -514,15 +528,19 @@ class Measurement:
             model = nn.DataParallel(net, device_ids=list(range(a.replicas)))
         else:
             model = nn.parallel.DistributedDataParallel(net, device_ids=[self.local_rank] if self.cuda else None)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        if a.strategy == "zero1":  # ZeRO-1: PyTorch's ZeroRedundancyOptimizer over the same SGD
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.01, momentum=0.9)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         scaler = torch.amp.GradScaler(a.device) if a.precision == "fp16" else None
         loop = Loop(a, self.slowest)
         no_sync = a.strategy == "ddp-no-sync"
         loop.run(lambda: self.plain_step(loop, model, opt, scaler, x, y, no_sync))
-        if a.strategy in ("ddp", "ddp-no-sync"):
+        if a.strategy in ("ddp", "ddp-no-sync", "zero1"):
             buckets = ddp_buckets(model)
         devices = list(range(a.replicas)) if a.strategy == "dp" else None
-        return dict(loop=loop, params=params, grad_bytes=grad_bytes, buckets=buckets, devices=devices)
+        state = model_state_bytes(net, opt) if a.strategy in ("ddp", "zero1") else None
+        return dict(loop=loop, params=params, grad_bytes=grad_bytes, buckets=buckets, devices=devices, state=state)
 
     def run_accelerate(self):
         """Hugging Face accelerate's loop: prepare, accumulate, backward, step, zero_grad."""
@@ -594,7 +612,9 @@ class Measurement:
         else:
             memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
         loop = result["loop"]
-        return torch.tensor([percentile(loop.times, 0.5), float(memory), loop.faults_per_step], dtype=torch.float64)
+        state = result.get("state") or [-1, -1, -1]
+        return torch.tensor([percentile(loop.times, 0.5), float(memory), loop.faults_per_step] + [float(b) for b in state],
+                            dtype=torch.float64)
 
     def report(self, result):
         """Every rank's p50 and memory reach rank 0, which emits the record."""
@@ -632,7 +652,10 @@ class Measurement:
             host_allocator="tunables" if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "") else "system",
             versions=self.versions,
             # CPU collectives: always Gloo here (PyTorch's wheel has no MPI); one process: none.
-            **({} if self.cuda or launch(a) != "ranks" else {"backend": "gloo"}))
+            **({} if self.cuda or launch(a) != "ranks" else {"backend": "gloo"}),
+            **({} if not result.get("state") else {"model_state_bytes": [
+                {"params": int(g[3].item()), "grads": int(g[4].item()), "optimizer": int(g[5].item())}
+                for g in gathered]}))
 
 
 def main(argv=None):

@@ -28,6 +28,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -53,6 +54,8 @@
 #include "tandem/error.h"
 #include "tandem/host_allocator.h"
 #include "tandem/version.h"
+#include "tandem/zero/sharded_optimizer.h"
+#include "tandem/zero/state_bytes.h"
 #include "workloads.h"
 
 #ifdef TANDEM_HAVE_CUDA
@@ -194,6 +197,7 @@ struct Result {
   int64_t params = 0, grad_bytes = 0, buckets = 0;
   std::vector<int64_t> bucket_bytes;  // DDP's buckets in launch order (the projection's input)
   std::vector<int64_t> replica_bytes;  // dp-* on CPU: memory_report() totals
+  std::optional<std::array<int64_t, 3>> model_state;  // this rank's parameter, gradient, optimizer-state bytes
   std::vector<int64_t> device_bytes;   // dp-* on CUDA: each device's allocator peak
   std::optional<double> allreduce_p50, flat_allreduce_p50;
   std::optional<Json> sweep;
@@ -220,11 +224,32 @@ torch::optim::SGD make_sgd(std::vector<at::Tensor> params) {
   return torch::optim::SGD(std::move(params), torch::optim::SGDOptions(0.01).momentum(0.9));
 }
 
-/// One training step of a plain loop (single, ddp, ddp-no-sync, dp-*): zero_grad, forward and
-/// loss under autocast, backward (scaled for fp16), step. `forward` runs the model on the batch.
+/// What a plain loop steps: a whole optimizer, or one sharded by ZeRO-1.
+struct Stepper {
+  Stepper(torch::optim::Optimizer& o, zero::ShardedOptimizer* z = nullptr) : optimizer(o), sharded(z) {}
+  void zero_grad() { sharded ? sharded->zero_grad() : optimizer.zero_grad(); }
+  void step(amp::GradScaler* scaler) {
+    auto step_with = [scaler](torch::optim::Optimizer& opt) {
+      if (scaler) return scaler->step(opt);
+      opt.step();
+      return true;
+    };
+    if (sharded) {
+      sharded->step(step_with);
+    } else {
+      step_with(optimizer);
+    }
+    if (scaler) scaler->update();
+  }
+  torch::optim::Optimizer& optimizer;
+  zero::ShardedOptimizer* sharded;
+};
+
+/// One training step of a plain loop (single, ddp, ddp-no-sync, zero1, dp-*): zero_grad, forward
+/// and loss under autocast, backward (scaled for fp16), step. `forward` runs the model on the batch.
 template <typename Forward>
-void plain_step(const Options& o, Loop& loop, torch::optim::Optimizer& opt, amp::GradScaler* scaler,
-                const at::Tensor& y, Forward&& forward) {
+void plain_step(const Options& o, Loop& loop, Stepper opt, amp::GradScaler* scaler, const at::Tensor& y,
+                Forward&& forward) {
   opt.zero_grad();
   at::Tensor loss;
   loop.phase(loop.forward, [&] {
@@ -239,20 +264,24 @@ void plain_step(const Options& o, Loop& loop, torch::optim::Optimizer& opt, amp:
       loss.backward();
     }
   });
-  loop.phase(loop.optimizer, [&] {
-    if (scaler) {
-      scaler->step(opt);
-      scaler->update();
-    } else {
-      opt.step();
-    }
-  });
+  loop.phase(loop.optimizer, [&] { opt.step(scaler); });
 }
 
 std::optional<amp::GradScaler> make_scaler(const Options& o) {
   // No process group: torch.amp.GradScaler (the peer's) does not all-reduce found-inf either.
   if (o.precision == "fp16") return std::make_optional<amp::GradScaler>();
   return std::nullopt;
+}
+
+// This rank's model state by kind, accounted from the tensors: parameters, gradients, and the
+// optimizer's state (only its share under ZeRO).
+std::array<int64_t, 3> model_state_bytes(torch::nn::Module& net, const torch::optim::Optimizer& opt) {
+  std::array<int64_t, 3> bytes{0, 0, zero::optimizer_state_bytes(opt)};
+  for (const auto& p : net.parameters()) {
+    bytes[0] += static_cast<int64_t>(p.nbytes());
+    if (p.grad().defined()) bytes[1] += static_cast<int64_t>(p.grad().nbytes());
+  }
+  return bytes;
 }
 
 // DDP's buckets in float32 bytes, in the order the reducer launches them.
@@ -303,6 +332,16 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     });
     r.bucket_bytes = bucket_layout(*model);
     r.buckets = static_cast<int64_t>(r.bucket_bytes.size());
+    if (sync) r.model_state = model_state_bytes(*net, opt);
+  } else if (o.strategy == "zero1") {
+    net->to(device);
+    ddp::DistributedDataParallel model(net, pg);
+    auto opt = make_sgd(model->parameters());
+    zero::ShardedOptimizer sharded(opt, pg);
+    loop.run([&] { plain_step(o, loop, Stepper(opt, &sharded), scaler_ptr, y, [&] { return model->forward(x); }); });
+    r.bucket_bytes = bucket_layout(*model);
+    r.buckets = static_cast<int64_t>(r.bucket_bytes.size());
+    r.model_state = model_state_bytes(*net, opt);
   } else if (o.strategy == "accelerate") {
     const Precision precision =
         o.precision == "bf16" ? Precision::Bf16 : (o.precision == "fp16" ? Precision::Fp16 : Precision::No);
@@ -544,13 +583,19 @@ int main(int argc, char** argv) {
     const double p50 = percentile(r.times, 0.5);
     const double memory = o.cuda() ? static_cast<double>(cuda_peak_bytes(world.local_rank))
                                    : static_cast<double>(peak_rss_bytes());
-    auto all = pg->all_gather(at::tensor({p50, memory, r.faults_per_step}, at::kDouble));
+    const auto state = r.model_state.value_or(std::array<int64_t, 3>{-1, -1, -1});
+    auto all = pg->all_gather(at::tensor({p50, memory, r.faults_per_step, static_cast<double>(state[0]),
+                                          static_cast<double>(state[1]), static_cast<double>(state[2])},
+                                         at::kDouble));
     if (world.is_main()) {
-      Json rank_p50 = Json::array(), peak = Json::array(), faults = Json::array();
+      Json rank_p50 = Json::array(), peak = Json::array(), faults = Json::array(), model_state = Json::array();
       for (const auto& t : all) {
         rank_p50.push_back(t[0].item<double>());
         peak.push_back(static_cast<int64_t>(t[1].item<double>()));
         faults.push_back(std::round(t[2].item<double>()));
+        model_state.push_back(Json{{"params", static_cast<int64_t>(t[3].item<double>())},
+                                   {"grads", static_cast<int64_t>(t[4].item<double>())},
+                                   {"optimizer", static_cast<int64_t>(t[5].item<double>())}});
       }
       std::string mem_kind = o.cuda() ? "cuda" : "rss";
       if (o.entry().memory == bench::Memory::ReplicaAccounting) {  // DataParallel: each replica's bytes
@@ -580,6 +625,7 @@ int main(int argc, char** argv) {
       record["mem_kind"] = mem_kind;
       record["rank_faults_per_step"] = faults;
       record["host_allocator"] = allocator.mode;
+      if (r.model_state) record["model_state_bytes"] = model_state;  // per rank, accounted
       if (r.allreduce_p50) record["allreduce_p50_s"] = *r.allreduce_p50;
       if (r.flat_allreduce_p50) record["flat_allreduce_p50_s"] = *r.flat_allreduce_p50;
       if (r.sweep) record["sweep"] = *r.sweep;

@@ -54,6 +54,12 @@ json to_json(const Analysis& a) {
                     {"other_ms", stat_json(r.other_ms)}, {"mem_primary_MiB", stat_json(r.mem_primary_MB)},
                     {"mem_others_MiB", stat_json(r.mem_others_MB)}, {"mem_kind", r.mem_kind},
                     {"peer_strategy", r.peer_strategy}, {"vs_peer", stat_json(r.vs_peer)}});
+    json& row = rows.back();
+    if (!r.state_params_MB.empty()) {  // only where recorded: older results read back unchanged
+      row["model_state_MiB"] = {{"params", stat_json(r.state_params_MB)},
+                                {"grads", stat_json(r.state_grads_MB)},
+                                {"optimizer", stat_json(r.state_optimizer_MB)}};
+    }
   }
   json recs = json::array();
   for (const auto& r : a.recommendations) {

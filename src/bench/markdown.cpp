@@ -117,6 +117,28 @@ std::string devices(const Row& r) {
   return std::to_string(r.world) + (r.nodes > 1 ? " (" + std::to_string(r.nodes) + " nodes)" : "");
 }
 
+// Accounted model state of the rows that recorded it (DDP and ZeRO): the busiest rank's bytes by
+// kind, and its optimizer state against the same implementation's DDP row.
+void render_model_state(const Analysis& analysis, bool backends, std::ostringstream& md) {
+  if (std::none_of(analysis.rows.begin(), analysis.rows.end(), [](const Row& r) { return !r.state_params_MB.empty(); })) {
+    return;
+  }
+  md << "\n## Model state per rank (accounted, MiB, the largest rank)\n\n"
+        "| model | strategy | devices | parameters | gradients | optimizer state | total | optimizer ÷ DDP's |\n"
+        "|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : analysis.rows) {
+    if (r.state_params_MB.empty()) continue;
+    const Row* ddp = find_row(analysis.rows, r.model, r.impl, "ddp", r.world, r.nodes, r.backend);
+    const double total = r.state_params_MB.median + r.state_grads_MB.median + r.state_optimizer_MB.median;
+    const bool ratio = ddp && !ddp->state_optimizer_MB.empty() && ddp->state_optimizer_MB.median > 0;
+    md << "| " << r.model << " | " << label(r, backends) << " | " << devices(r) << " | " << median(r.state_params_MB, 2)
+       << " | " << median(r.state_grads_MB, 2) << " | " << median(r.state_optimizer_MB, 2) << " | " << num(total, 2)
+       << " | " << (ratio ? num(r.state_optimizer_MB.median / ddp->state_optimizer_MB.median, 2) : "–") << " |\n";
+  }
+  md << "\nCounted from the tensors each rank holds (its parameters, their gradients, its optimizer's state), "
+        "not its RSS. With ZeRO-1 a rank keeps the optimizer state of its share of the parameters only.\n";
+}
+
 std::string describe_machine(const Results& results) {
   const auto& m = results.machine;
   std::string text = m.value("cpu", std::string("unknown CPU"));
@@ -191,6 +213,7 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
   }
 
   render_backends(analysis, md);
+  render_model_state(analysis, backends, md);
 
   md << "\n## Recommendation\n\n";
   if (analysis.recommendations.empty()) md << "Nothing to recommend: no model has a one-device baseline.\n";

@@ -14,7 +14,7 @@ namespace tandem::bench {
 /// The flags of `tandem bench`, after parsing. Defaults are the 10-minute run on 2 CPU cores.
 struct BenchConfig {
   std::vector<std::string> models{"small", "medium", "large"};
-  std::vector<std::string> strategies = user_strategies();
+  std::vector<std::string> strategies = default_strategies();
   std::vector<int> worlds{1, 2};           // --nproc: world sizes (devices)
   std::string precision = "fp32";
   std::string device = "cpu";

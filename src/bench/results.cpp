@@ -101,6 +101,13 @@ Run run_from_record(const json& record) {
   r.mem_kind = field_or<std::string>(record, "mem_kind", "", where);
   r.faults_per_step = field_or<std::vector<double>>(record, "rank_faults_per_step", {}, where);
   r.host_allocator = field_or<std::string>(record, "host_allocator", "", where);
+  if (record.contains("model_state_bytes")) {
+    for (const auto& rank : record["model_state_bytes"]) {
+      const std::string in = where + " (model_state_bytes)";
+      r.model_state.push_back({field<int64_t>(rank, "params", in), field<int64_t>(rank, "grads", in),
+                               field<int64_t>(rank, "optimizer", in)});
+    }
+  }
   r.allreduce_p50_s = field_or<double>(record, "allreduce_p50_s", 0, where);
   r.flat_allreduce_p50_s = field_or<double>(record, "flat_allreduce_p50_s", 0, where);
   if (record.contains("sweep")) {
@@ -127,6 +134,12 @@ json to_json(const Run& r) {
   if (r.steps > 0) j["steps"] = r.steps;
   if (!r.faults_per_step.empty()) j["rank_faults_per_step"] = r.faults_per_step;
   if (!r.host_allocator.empty()) j["host_allocator"] = r.host_allocator;
+  if (!r.model_state.empty()) {
+    j["model_state_bytes"] = json::array();
+    for (const auto& [params, grads, optimizer] : r.model_state) {
+      j["model_state_bytes"].push_back({{"params", params}, {"grads", grads}, {"optimizer", optimizer}});
+    }
+  }
   if (const Strategy* s = find_strategy(r.strategy); s && s->timing == Timing::GradientAllReduce) {
     j["allreduce_p50_s"] = r.allreduce_p50_s;
     j["flat_allreduce_p50_s"] = r.flat_allreduce_p50_s;

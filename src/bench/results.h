@@ -3,6 +3,7 @@
 // configuration and the machine. Everything else in the report is derived from this file, so
 // `tandem report DIR` can re-render it and `tandem report A B` compare two (docs/benchmarks.md,
 // "results.json").
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,6 +36,9 @@ struct Run {
   std::string mem_kind;
   std::vector<double> faults_per_step;  // per rank: minor page faults per timed step (absent in older files)
   std::string host_allocator;     // "keep-freed", "system", "tunables" (absent in older files)
+  /// Per rank, accounted model state: parameter, gradient and optimizer-state bytes (strategies
+  /// with `model_state` in the table; absent otherwise and in older files).
+  std::vector<std::array<int64_t, 3>> model_state;
   double allreduce_p50_s = 0, flat_allreduce_p50_s = 0;
   std::vector<SweepPoint> sweep;
   std::string unsupported;        // set: this combination does not exist; no timings

@@ -52,6 +52,7 @@ struct CommFigures {
 struct Strategy {
   std::string name;          // --strategy, the records' "strategy"
   Role role = Role::Compared;
+  bool by_default = true;    // Compared: in --strategies' default (else asked for by name)
   Launch launch = Launch::Ranks;
   Worlds worlds = Worlds::Any;
   Timing timing = Timing::Step;
@@ -67,6 +68,7 @@ struct Strategy {
   std::vector<std::string> precisions{"fp32", "bf16", "fp16"};
   std::vector<std::string> backends;  // CPU backends (Ranks only; the PyTorch peers: Gloo)
   bool buckets = false;      // its record carries DDP's bucket layout
+  bool model_state = false;  // its record carries each rank's accounted model state (params, grads, optimizer)
   Memory memory = Memory::ProcessRss;
   std::string colour, colour_mpi;  // plots: Tandem's line (PyTorch's shares it) and its MPI twin's
 };
@@ -86,8 +88,10 @@ const Strategy& link_sweep();
 
 /// The names of the entries with one of `roles` (empty: every entry), in the table's order.
 std::vector<std::string> strategy_names(const std::vector<Role>& roles);
-/// What --strategies accepts, and its default: the baseline and the compared strategies.
+/// What --strategies accepts: the baseline and the compared strategies.
 std::vector<std::string> user_strategies();
+/// --strategies' default: those of them with by_default.
+std::vector<std::string> default_strategies();
 
 /// Whether `strategy` runs as a process group of `world` ranks (and so on a CPU backend). A name
 /// the table lacks is taken for one (records of a newer Tandem keep their backend).

@@ -161,6 +161,15 @@ std::vector<Row> summarize(const RunIndex& index) {
             if (r.peak_mem_bytes.size() < 2) return std::nullopt;
             return *std::max_element(r.peak_mem_bytes.begin() + 1, r.peak_mem_bytes.end()) / kMiB;
           });
+          for (size_t kind = 0; kind < 3; ++kind) {
+            Stat& stat = kind == 0 ? row.state_params_MB : kind == 1 ? row.state_grads_MB : row.state_optimizer_MB;
+            stat = over_repeats(runs, [kind](int, const Run& r) -> std::optional<double> {
+              if (r.model_state.empty()) return std::nullopt;
+              int64_t most = 0;
+              for (const auto& rank : r.model_state) most = std::max(most, rank[kind]);
+              return most / kMiB;
+            });
+          }
           if (impl == "tandem" && !entry.peer.empty()) {
             const auto& peer = index.repeats(model, "pytorch", entry.peer, world, nodes);
             if (!peer.empty()) {

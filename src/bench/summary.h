@@ -38,6 +38,7 @@ struct Row {
   Stat mem_primary_MB;       // peak memory of device 0 (DataParallel's primary replica; rank 0)
   Stat mem_others_MB;        // the largest peak among the other devices (empty at world 1)
   std::string mem_kind;
+  Stat state_params_MB, state_grads_MB, state_optimizer_MB;  // accounted, the largest rank's (empty: not recorded)
   std::string peer_strategy; // the PyTorch row this one is compared with ("" when none)
   Stat vs_peer;              // Tandem samples/s / the peer's, within each repeat
 };

@@ -29,7 +29,7 @@ namespace {
 
 struct Flags {
   std::string models = "small,medium,large";
-  std::string strategies = bench::join(bench::user_strategies(), ",");
+  std::string strategies = bench::join(bench::default_strategies(), ",");
   std::string nproc = "1,2";
   std::string scale;  // default: cpu on CPU, full on CUDA
   int batch_size = 0;  // 0: each model's default

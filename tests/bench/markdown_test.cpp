@@ -107,6 +107,33 @@ TEST(Markdown, AFailedMeasurementIsListedWithItsLog) {
   EXPECT_TRUE(has(md, "- FAILED tandem small ddp (2 devices), repeat 1: exit code 1; log: /x/007.log")) << md;
 }
 
+// ZeRO-1 beside DDP: the accounted model state, the busiest rank's, and the optimizer's share.
+TEST(Markdown, ModelStatePerRankWhereRecorded) {
+  auto results = test::fixture();
+  constexpr int64_t kMiB = 1 << 20;
+  std::vector<bench::Run> zero;
+  for (auto& r : results.runs) {
+    if (r.impl != "tandem" || r.strategy != "ddp" || r.world != 2) continue;
+    r.model_state = {{4 * kMiB, 4 * kMiB, 4 * kMiB}, {4 * kMiB, 4 * kMiB, 4 * kMiB}};
+    bench::Run z = r;
+    z.strategy = "zero1";
+    z.model_state = {{4 * kMiB, 4 * kMiB, 3 * kMiB}, {4 * kMiB, 4 * kMiB, kMiB}};  // uneven shares: the largest shows
+    zero.push_back(z);
+  }
+  ASSERT_FALSE(zero.empty());
+  results.runs.insert(results.runs.end(), zero.begin(), zero.end());
+  const auto md = render_markdown(results, analyze(results));
+  EXPECT_TRUE(has(md, "## Model state per rank (accounted, MiB, the largest rank)")) << md;
+  EXPECT_TRUE(has(md, "| small | Tandem ddp | 2 | 4.00 | 4.00 | 4.00 | 12.00 | 1.00 |")) << md;
+  EXPECT_TRUE(has(md, "| small | Tandem zero1 | 2 | 4.00 | 4.00 | 3.00 | 11.00 | 0.75 |")) << md;
+  // Kept in results.json, and the same table re-rendered from it.
+  const auto back = results_from_json(to_json(results), "memory");
+  EXPECT_EQ(render_markdown(back, analyze(back)), md);
+  // Results without it have no such section.
+  const auto plain = test::fixture();
+  EXPECT_FALSE(has(render_markdown(plain, analyze(plain)), "Model state per rank"));
+}
+
 TEST(Markdown, ComparisonOfTwoRuns) {
   const auto a = test::fixture();
   auto b = a;

@@ -51,6 +51,8 @@ TEST(Strategies, OneBaselineOneSweepAndTheUserListInTableOrder) {
   for (const char* name : {"dp-replicate", "dp-persistent", "ddp", "accelerate"}) {
     EXPECT_NE(std::find(user.begin(), user.end(), name), user.end()) << name;
   }
+  // The default run: the classic five (every report before ZeRO compared these).
+  EXPECT_EQ(default_strategies(), (std::vector<std::string>{"single", "dp-replicate", "dp-persistent", "ddp", "accelerate"}));
   EXPECT_EQ(strategy_names({}).size(), strategies().size());
 }
 

@@ -185,6 +185,16 @@ for line in open(os.path.join(d, "plan.tsv")):
         "peak_mem_bytes: one positive int per device": len(r["peak_mem_bytes"]) == world and
             all(isinstance(b, int) and b > 0 for b in r["peak_mem_bytes"]),
         "mem_kind (the table's memory)": r["mem_kind"] == entry["memory"],
+        # Accounted model state where the table says: one per rank, the whole parameters and
+        # gradients on each, optimizer state (SGD momentum) of every parameter, or under ZeRO of
+        # the rank's share: the shares add up to the whole (fp16 may skip every step of so short a
+        # run while the scale finds its level: no momentum yet).
+        "model_state_bytes exactly where the table's model_state": ("model_state_bytes" in r) == entry["model_state"]
+            and (not entry["model_state"] or (
+                len(r["model_state_bytes"]) == ranks
+                and all(m["params"] == r["grad_bytes"] and m["grads"] == r["grad_bytes"] for m in r["model_state_bytes"])
+                and (precision == "fp16" or sum(m["optimizer"] for m in r["model_state_bytes"]) ==
+                     (r["grad_bytes"] if strategy == "zero1" else ranks * r["grad_bytes"])))),
         "versions.torch": isinstance(r["versions"], dict) and r["versions"].get("torch"),
         "versions.accelerate on the peer's accelerate": (impl != "pytorch" or strategy != "accelerate") or
             bool(r["versions"].get("accelerate")),

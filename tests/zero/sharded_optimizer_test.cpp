@@ -22,6 +22,7 @@
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/error.h"
 #include "tandem/zero/sharded_optimizer.h"
+#include "tandem/zero/state_bytes.h"
 
 using tandem::test::pg;
 using tandem::test::shared_pg;
@@ -70,7 +71,8 @@ std::vector<std::pair<std::string, MakeOptimizer>> optimizers() {
 }
 
 // 20 steps of DDP on each rank's own batch; `zero` shards the optimizer. Returns the parameters.
-std::vector<at::Tensor> train(const MakeOptimizer& make, bool zero, int64_t* states = nullptr) {
+std::vector<at::Tensor> train(const MakeOptimizer& make, bool zero, int64_t* states = nullptr,
+                              int64_t* state_bytes = nullptr) {
   auto net = make_net();
   tandem::ddp::DistributedDataParallel model(net, shared_pg());
   auto optimizer = make(split_params(*net));
@@ -90,6 +92,7 @@ std::vector<at::Tensor> train(const MakeOptimizer& make, bool zero, int64_t* sta
     }
   }
   if (states) *states = static_cast<int64_t>(optimizer->state().size());
+  if (state_bytes) *state_bytes = tandem::zero::optimizer_state_bytes(*optimizer);
   std::vector<at::Tensor> out;
   for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
   return out;
@@ -107,9 +110,14 @@ double max_relative_difference(const std::vector<at::Tensor>& a, const std::vect
 
 TEST(ShardedOptimizer, EqualsPlainDdpWithTheWholeOptimizer) {
   for (const auto& [name, make] : optimizers()) {
-    const auto plain = train(make, /*zero=*/false);
-    int64_t states = -1;
-    const auto sharded = train(make, /*zero=*/true, &states);
+    int64_t whole_bytes = -1, states = -1, bytes = -1;
+    const auto plain = train(make, /*zero=*/false, nullptr, &whole_bytes);
+    const auto sharded = train(make, /*zero=*/true, &states, &bytes);
+    // The shards' state adds up to the whole optimizer's, byte for byte.
+    at::Tensor sum = at::full({1}, bytes, at::kLong);
+    pg().all_reduce(sum);
+    EXPECT_EQ(sum.item<int64_t>(), whole_bytes) << name;
+    EXPECT_GT(whole_bytes, 0) << name;
     EXPECT_EQ(max_relative_difference(sharded, plain), 0.0) << name << " on " << pg().size() << " ranks: bit for bit";
     // Sharded: state only for the parameters this rank owns (6 parameters in all).
     auto net = make_net();
