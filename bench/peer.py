@@ -403,7 +403,7 @@ def model_state_bytes(net, opt):
     local = getattr(opt, "optim", opt)
     tensors = [t for s in local.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
     return [sum(p.numel() * p.element_size() for p in net.parameters()),
-            sum(p.grad.numel() * p.grad.element_size() for p in net.parameters() if p.grad is not None),
+            sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad),  # what a step materialises
             sum(t.numel() * t.element_size() for t in tensors)]
 
 

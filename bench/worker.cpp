@@ -273,13 +273,14 @@ std::optional<amp::GradScaler> make_scaler(const Options& o) {
   return std::nullopt;
 }
 
-// This rank's model state by kind, accounted from the tensors: parameters, gradients, and the
-// optimizer's state (only its share under ZeRO).
+// This rank's model state by kind, accounted from the tensors: parameters, the gradients a step
+// materialises (every trainable parameter's, under DDP and ZeRO-1 alike: ZeRO-1 drops the ones
+// it does not own only after the step), and the optimizer's state (only its share under ZeRO).
 std::array<int64_t, 3> model_state_bytes(torch::nn::Module& net, const torch::optim::Optimizer& opt) {
   std::array<int64_t, 3> bytes{0, 0, zero::optimizer_state_bytes(opt)};
   for (const auto& p : net.parameters()) {
     bytes[0] += static_cast<int64_t>(p.nbytes());
-    if (p.grad().defined()) bytes[1] += static_cast<int64_t>(p.grad().nbytes());
+    if (p.requires_grad()) bytes[1] += static_cast<int64_t>(p.nbytes());
   }
   return bytes;
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -44,17 +45,24 @@ std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
   return out.str();
 }
 
-// Every rank's `bytes`, on every rank, in rank order (lengths may differ).
+// Every rank's `bytes`, on every rank, in rank order (lengths may differ), in pieces of 64 MiB
+// (the MPI backend gathers at most 128 MiB per rank at once).
 std::vector<std::string> gather_bytes(comm::ProcessGroup& pg, const std::string& bytes) {
+  constexpr int64_t kPiece = int64_t{64} << 20;
   const auto lengths = pg.all_gather(at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong));
   int64_t longest = 0;
   for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
-  at::Tensor mine = at::zeros({longest}, at::kByte);
-  if (!bytes.empty()) std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
-  const auto all = pg.all_gather(mine);
-  std::vector<std::string> out;
-  for (size_t r = 0; r < all.size(); ++r) {
-    out.emplace_back(static_cast<const char*>(all[r].data_ptr()), static_cast<size_t>(lengths[r].item<int64_t>()));
+  std::vector<std::string> out(lengths.size());
+  for (int64_t at = 0; at < longest; at += kPiece) {
+    const int64_t n = std::min(kPiece, longest - at);
+    at::Tensor mine = at::zeros({n}, at::kByte);
+    const int64_t have = std::clamp<int64_t>(static_cast<int64_t>(bytes.size()) - at, 0, n);
+    if (have > 0) std::memcpy(mine.data_ptr(), bytes.data() + at, static_cast<size_t>(have));
+    const auto all = pg.all_gather(mine);
+    for (size_t r = 0; r < all.size(); ++r) {
+      const int64_t theirs = std::clamp<int64_t>(lengths[r].item<int64_t>() - at, 0, n);
+      out[r].append(static_cast<const char*>(all[r].data_ptr()), static_cast<size_t>(theirs));
+    }
   }
   return out;
 }
@@ -155,10 +163,14 @@ void Accelerator::choose_strategy() {
 }
 
 void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
+  TANDEM_CHECK(std::find(optimizers_.begin(), optimizers_.end(), &optimizer) == optimizers_.end(),
+               "prepare_optimizer: this optimizer is prepared already");
+  // One process has nothing to shard: the optimizer stays whole (whatever the strategy, so that
+  // its checkpoints load under Single and Ddp alike).
+  const bool shard = options_.zero_stage() >= 1 && pg_ && pg_->size() > 1 && strategy_ == Strategy::Ddp;
+  auto sharded = shard ? std::make_unique<zero::ShardedOptimizer>(optimizer, pg_) : nullptr;  // may throw: nothing kept
   optimizers_.push_back(&optimizer);
-  // A single process (no group) has nothing to shard: the optimizer stays whole.
-  const bool shard = options_.zero_stage() >= 1 && pg_ && strategy_ == Strategy::Ddp;
-  sharded_.push_back(shard ? std::make_unique<zero::ShardedOptimizer>(optimizer, pg_) : nullptr);
+  sharded_.push_back(std::move(sharded));
 }
 
 zero::ShardedOptimizer* Accelerator::sharded_of(const torch::optim::Optimizer& optimizer) const {

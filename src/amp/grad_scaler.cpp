@@ -27,10 +27,11 @@
 // read only that reduced value, so every rank skips the same steps and computes the same scale.
 // Under DDP the gradients are already averaged (an inf anywhere is an inf everywhere), but with
 // unsynced gradients (no_sync, DataParallel replicas, a user's own all-reduce) only the
-// all-reduce makes it certain. It costs one 8-byte all-reduce per optimizer per step; step()
+// all-reduce makes it certain. It costs one 12-byte all-reduce per optimizer per step; step()
 // reads the value on the host anyway, as PyTorch's does. The second value says whether this rank
 // had gradients at all: under ZeRO a rank may own none of an optimizer's parameters, and the
-// "no gradients" error is about every rank, not one.
+// "no gradients" error is about every rank, not one. The third, whether it refused a gradient:
+// then every rank throws, none waits.
 
 namespace tandem::amp {
 namespace {
@@ -144,13 +145,25 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
   // The reciprocal in double, as PyTorch does: float32 division can be imprecise.
   const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
   const at::Tensor found_inf = at::zeros({}, scale_.options().dtype(at::kFloat));
-  state.found_inf_per_device = unscale_grads(optimizer, inv_scale, found_inf);
+  // A refused gradient (float16) is refused on every rank together: with a sharded optimizer only
+  // its owner sees it, and the others must not wait for it in the all-reduce below.
+  std::string refused;
+  try {
+    state.found_inf_per_device = unscale_grads(optimizer, inv_scale, found_inf);
+  } catch (const Error& e) {
+    if (!process_group_) throw;
+    refused = e.what();
+  }
 
   // Note [Found inf across ranks]
-  at::Tensor combined = at::zeros({2}, scale_.options().dtype(at::kFloat));
+  at::Tensor combined = at::zeros({3}, scale_.options().dtype(at::kFloat));
   for (auto& [device, t] : state.found_inf_per_device) combined[0].add_(t.to(scale_.device(), /*non_blocking=*/true));
   if (!state.found_inf_per_device.empty()) combined[1].fill_(1);
+  if (!refused.empty()) combined[2].fill_(1);
   if (process_group_) process_group_->all_reduce(combined, comm::ReduceOp::Max);
+  TANDEM_CHECK(combined[2].item<float>() == 0,
+               refused.empty() ? "GradScaler::unscale: another rank refused one of its gradients (its log says why)"
+                               : refused);
   state.found_inf = combined[0].clone();
   state.checked = combined[1].item<float>() > 0;
   state.stage = OptState::Unscaled;

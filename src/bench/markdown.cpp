@@ -135,8 +135,9 @@ void render_model_state(const Analysis& analysis, bool backends, std::ostringstr
        << " | " << median(r.state_grads_MB, 2) << " | " << median(r.state_optimizer_MB, 2) << " | " << num(total, 2)
        << " | " << (ratio ? num(r.state_optimizer_MB.median / ddp->state_optimizer_MB.median, 2) : "–") << " |\n";
   }
-  md << "\nCounted from the tensors each rank holds (its parameters, their gradients, its optimizer's state), "
-        "not its RSS. With ZeRO-1 a rank keeps the optimizer state of its share of the parameters only.\n";
+  md << "\nCounted from the tensors each rank holds (its parameters, the gradients a step materialises, its "
+        "optimizer's state), not its RSS. With ZeRO-1 a rank keeps the optimizer state of its share of the "
+        "parameters only.\n";
 }
 
 std::string describe_machine(const Results& results) {

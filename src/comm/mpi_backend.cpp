@@ -270,7 +270,10 @@ class MpiBackend : public c10d::Backend {
     at::Tensor in = flat_cpu_tensor(input, "reduce_scatter"), out = flat_cpu_tensor(output, "reduce_scatter");
     const c10d::ReduceOp reduce = opts.reduceOp;
     const int64_t shard = out.numel();
-    if (shard > kMaxPiece) throw Error("the MPI backend reduce-scatters at most " + std::to_string(kMaxPiece) + " elements per rank");
+    if (shard > kMaxPiece || in.numel() > INT_MAX) {
+      throw Error("the MPI backend reduce-scatters at most " + std::to_string(kMaxPiece) + " elements per rank and " +
+                  std::to_string(INT_MAX) + " in all");
+    }
     return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter", [in, out, reduce, shard, comm = comm_] {
       if (shard == 0) return;
       const Reduction r = reduction_for(in.scalar_type(), reduce);

@@ -1,6 +1,7 @@
 #include "tandem/zero/clip_grad_norm.h"
 
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include <torch/nn/utils/clip_grad.h>
@@ -16,7 +17,7 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vect
   // where it counts and the others contribute an exact zero: the sum over ranks is then each
   // norm itself, and the total, the coefficient and the clipped gradients are unsharded's bits.
   std::vector<at::Tensor> grads, clipped, norms;
-  const bool infinity = std::isinf(norm_type);
+  const bool infinity = norm_type == std::numeric_limits<double>::infinity();  // torch's special case (not -inf)
   for (const auto& p : parameters) {
     if (!p.grad().defined()) continue;
     const at::Tensor g = p.grad().detach();

@@ -94,13 +94,33 @@ bool ShardedOptimizer::step(const std::function<bool(torch::optim::Optimizer&)>&
                    "dense gradients only: use a dense embedding");
     }
   }
-  bool stepped = false;
-  {
+  // Every rank must step, or skip, alike: the exchange after it is collective. A stepper that
+  // throws or disagrees (a GradScaler without the process group) fails on every rank, not hangs.
+  int status = 0;  // 1 stepped, 0 skipped, -1 failed
+  std::string failure;
+  try {
     at::NoGradGuard no_grad;
-    stepped = stepper(optimizer_);
+    status = stepper(optimizer_) ? 1 : 0;
+  } catch (const std::exception& e) {
+    status = -1;
+    failure = one_line(e);
   }
-  if (stepped) sync_parameters();
-  return stepped;
+  at::Tensor agreed = at::tensor({static_cast<double>(status), -static_cast<double>(status)}, at::kDouble);
+  pg_->all_reduce(agreed, comm::ReduceOp::Max);
+  const int most = static_cast<int>(agreed[0].item<double>()), least = -static_cast<int>(agreed[1].item<double>());
+  TANDEM_CHECK(least >= 0, "ShardedOptimizer: ",
+               failure.empty() ? "another rank's optimizer step failed (its log says why)" : failure);
+  TANDEM_CHECK(most == least,
+               "ShardedOptimizer: the ranks disagree on whether to step (some stepped, some skipped): a GradScaler "
+               "must check for inf/NaN across ranks (build it with the process group, as the Accelerator does)");
+  if (status == 1) sync_parameters();
+  at::NoGradGuard no_grad;
+  for (const auto& group : all_) {
+    for (const auto& p : group) {
+      if (owner_of(p) != pg_->rank()) p.mutable_grad().reset();
+    }
+  }
+  return status == 1;
 }
 
 void ShardedOptimizer::sync_parameters() {

@@ -19,6 +19,7 @@
 #include <torch/optim/sgd.h>
 
 #include "support/distributed_main.h"
+#include "tandem/amp/grad_scaler.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/error.h"
 #include "tandem/zero/sharded_optimizer.h"
@@ -187,6 +188,61 @@ TEST(ShardedOptimizer, RefusesWhatItCannotShard) {
     FAIL() << "a changed optimizer accepted";
   } catch (const tandem::Error& e) {
     EXPECT_NE(std::string(e.what()).find("param groups changed"), std::string::npos) << e.what();
+  }
+}
+
+// A step that fails or disagrees on one rank fails on every rank, never hangs the exchange; the
+// gradients others own are gone after a step, so the caller's own zero_grad leaves none stale.
+TEST(ShardedOptimizer, EveryRankFailsTogetherAndNoGradientIsLeftStale) {
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  ShardedOptimizer sharded(sgd, shared_pg());
+  auto backward = [&] { net->forward(torch::ones({2, 13})).sum().backward(); };
+  backward();
+  const bool last = pg().rank() == pg().size() - 1;
+  try {
+    sharded.step([&](torch::optim::Optimizer&) -> bool {
+      if (last) throw tandem::Error("boom on the last rank");
+      return true;
+    });
+    FAIL() << "a failed step went on";
+  } catch (const tandem::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(last ? "boom on the last rank" : "another rank's optimizer step failed"),
+              std::string::npos) << e.what();
+  }
+  if (pg().size() > 1) {
+    try {
+      sharded.step([&](torch::optim::Optimizer&) { return pg().rank() == 0; });
+      FAIL() << "ranks that disagree went on";
+    } catch (const tandem::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("disagree on whether to step"), std::string::npos) << e.what();
+    }
+  }
+  sharded.step();
+  for (size_t i = 0; i < sharded.all_params()[0].size(); ++i) {
+    const at::Tensor& p = sharded.all_params()[0][i];
+    EXPECT_EQ(p.grad().defined(), sharded.owner(0, i) == pg().rank()) << "parameter " << i;
+  }
+  sgd.zero_grad();  // the caller's own: reaches the owned parameters only, and that is enough
+  for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+// A float16 gradient that only its owner sees: its GradScaler refuses it, and every rank fails.
+TEST(ShardedOptimizer, AGradientOneRankRefusesFailsEveryRank) {
+  if (pg().size() < 2) GTEST_SKIP() << "one rank owns everything";
+  at::Tensor big = torch::ones({10}, torch::requires_grad());
+  at::Tensor small = torch::ones({2}, torch::TensorOptions().dtype(at::kHalf).requires_grad(true));
+  torch::optim::SGD sgd(std::vector<at::Tensor>{big, small}, torch::optim::SGDOptions(0.1));
+  ShardedOptimizer sharded(sgd, shared_pg());  // big to rank 0, small to rank 1
+  ASSERT_EQ(sharded.owner(0, 1), 1);
+  tandem::amp::GradScaler scaler(shared_pg());
+  (scaler.scale(big.sum() + small.sum().to(at::kFloat))).backward();
+  try {
+    sharded.step([&](torch::optim::Optimizer& o) { return scaler.step(o); });
+    FAIL() << "a float16 gradient went through";
+  } catch (const tandem::Error& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("float16") != std::string::npos || what.find("another rank") != std::string::npos) << what;
   }
 }
 

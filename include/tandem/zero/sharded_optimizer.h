@@ -34,13 +34,14 @@ class ShardedOptimizer {
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
-  /// Steps this rank's parameters, then gives every rank every owner's update. Collective: every
-  /// rank calls it. Throws tandem::Error (before anything changes) for sparse gradients or when
-  /// the optimizer's param groups changed since construction.
+  /// Steps this rank's parameters, then gives every rank every owner's update, and drops the
+  /// gradients of the parameters others own. Collective: every rank calls it. Throws tandem::Error
+  /// (before anything changes) for sparse gradients or when the optimizer's param groups changed
+  /// since construction, and on every rank when one rank's step failed.
   void step();
   /// The same, stepping the sharded optimizer through `stepper` (e.g. a GradScaler's step, which
-  /// unscales and may skip): the updates are exchanged when it returns true, which it must on
-  /// every rank alike. Returns what it returned.
+  /// unscales and may skip): the updates are exchanged when it returns true. Every rank must
+  /// return the same (checked: a disagreement or a failure throws on every rank). Returns it.
   bool step(const std::function<bool(torch::optim::Optimizer&)>& stepper);
   /// Zeroes (or, by default, drops) the gradients of every parameter, owned or not.
   void zero_grad(bool set_to_none = true);
