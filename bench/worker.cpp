@@ -229,11 +229,7 @@ struct Stepper {
   Stepper(torch::optim::Optimizer& o, zero::ShardedOptimizer* z = nullptr) : optimizer(o), sharded(z) {}
   void zero_grad() { sharded ? sharded->zero_grad() : optimizer.zero_grad(); }
   void step(amp::GradScaler* scaler) {
-    auto step_with = [scaler](torch::optim::Optimizer& opt) {
-      if (scaler) return scaler->step(opt);
-      opt.step();
-      return true;
-    };
+    auto step_with = [scaler](torch::optim::Optimizer& opt) { return amp::step_optimizer(opt, scaler); };
     if (sharded) {
       sharded->step(step_with);
     } else {
@@ -321,28 +317,21 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     net->to(device);
     auto opt = make_sgd(net->parameters());
     loop.run([&] { plain_step(o, loop, opt, scaler_ptr, y, [&] { return net->forward(x); }); });
-  } else if (o.strategy == "ddp" || o.strategy == "ddp-no-sync") {
+  } else if (o.strategy == "ddp" || o.strategy == "ddp-no-sync" || o.strategy == "zero1") {
     net->to(device);
     ddp::DistributedDataParallel model(net, pg);
     auto opt = make_sgd(model->parameters());
-    const bool sync = o.strategy == "ddp";
+    std::optional<zero::ShardedOptimizer> sharded;  // zero1: ZeRO-1 over the same SGD
+    if (o.strategy == "zero1") sharded.emplace(opt, pg);
+    const bool sync = o.strategy != "ddp-no-sync";
     loop.run([&] {
       std::optional<ddp::NoSyncGuard> no_sync;
       if (!sync) no_sync.emplace(model->no_sync());
-      plain_step(o, loop, opt, scaler_ptr, y, [&] { return model->forward(x); });
+      plain_step(o, loop, Stepper(opt, sharded ? &*sharded : nullptr), scaler_ptr, y, [&] { return model->forward(x); });
     });
     r.bucket_bytes = bucket_layout(*model);
     r.buckets = static_cast<int64_t>(r.bucket_bytes.size());
     if (sync) r.model_state = model_state_bytes(*net, opt);
-  } else if (o.strategy == "zero1") {
-    net->to(device);
-    ddp::DistributedDataParallel model(net, pg);
-    auto opt = make_sgd(model->parameters());
-    zero::ShardedOptimizer sharded(opt, pg);
-    loop.run([&] { plain_step(o, loop, Stepper(opt, &sharded), scaler_ptr, y, [&] { return model->forward(x); }); });
-    r.bucket_bytes = bucket_layout(*model);
-    r.buckets = static_cast<int64_t>(r.bucket_bytes.size());
-    r.model_state = model_state_bytes(*net, opt);
   } else if (o.strategy == "accelerate") {
     const Precision precision =
         o.precision == "bf16" ? Precision::Bf16 : (o.precision == "fp16" ? Precision::Fp16 : Precision::No);

@@ -225,11 +225,7 @@ void Accelerator::backward(const at::Tensor& loss) {
 bool Accelerator::step(torch::optim::Optimizer& optimizer) {
   if (!sync_gradients_) return false;
   // The scaler (fp16) or a plain step; a sharded optimizer then hands every owner's update round.
-  auto stepper = [this](torch::optim::Optimizer& o) {
-    if (scaler_) return scaler_->step(o);
-    o.step();
-    return true;
-  };
+  auto stepper = [this](torch::optim::Optimizer& o) { return amp::step_optimizer(o, scaler_.get()); };
   zero::ShardedOptimizer* sharded = sharded_of(optimizer);
   const bool stepped = sharded ? sharded->step(stepper) : stepper(optimizer);
   if (scaler_) {

@@ -161,11 +161,12 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
   if (!state.found_inf_per_device.empty()) combined[1].fill_(1);
   if (!refused.empty()) combined[2].fill_(1);
   if (process_group_) process_group_->all_reduce(combined, comm::ReduceOp::Max);
-  TANDEM_CHECK(combined[2].item<float>() == 0,
+  const at::Tensor flags = combined.cpu();  // one read on the host for both flags
+  TANDEM_CHECK(flags[2].item<float>() == 0,
                refused.empty() ? "GradScaler::unscale: another rank refused one of its gradients (its log says why)"
                                : refused);
   state.found_inf = combined[0].clone();
-  state.checked = combined[1].item<float>() > 0;
+  state.checked = flags[1].item<float>() > 0;
   state.stage = OptState::Unscaled;
 }
 
@@ -299,6 +300,12 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
   state.growth_interval = read_int("growth_interval");
   state.growth_tracker = read_int("_growth_tracker");
   load_state_dict(state);
+}
+
+bool step_optimizer(torch::optim::Optimizer& optimizer, GradScaler* scaler) {
+  if (scaler) return scaler->step(optimizer);
+  optimizer.step();
+  return true;
 }
 
 }  // namespace tandem::amp

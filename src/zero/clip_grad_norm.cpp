@@ -16,7 +16,7 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vect
   // torch::nn::utils::clip_grad_norm_, step for step, except that each parameter's norm is taken
   // where it counts and the others contribute an exact zero: the sum over ranks is then each
   // norm itself, and the total, the coefficient and the clipped gradients are unsharded's bits.
-  std::vector<at::Tensor> grads, clipped, norms;
+  std::vector<at::Tensor> clipped, norms;
   const bool infinity = norm_type == std::numeric_limits<double>::infinity();  // torch's special case (not -inf)
   for (const auto& p : parameters) {
     if (!p.grad().defined()) continue;

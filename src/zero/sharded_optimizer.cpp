@@ -47,32 +47,26 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, std::shar
   }
   owners_ = assign_owners(numels, pg_->size());
   by_rank_.resize(static_cast<size_t>(pg_->size()));
+  owned_.resize(all_.size());
   for (size_t g = 0; g < all_.size(); ++g) {
-    std::vector<at::Tensor> mine;
     for (size_t i = 0; i < all_[g].size(); ++i) {
       by_rank_[static_cast<size_t>(owners_[g][i])].push_back(all_[g][i]);
       owner_by_impl_[all_[g][i].unsafeGetTensorImpl()] = owners_[g][i];
       if (owners_[g][i] == pg_->rank()) {
-        mine.push_back(all_[g][i]);
+        owned_[g].push_back(all_[g][i]);
       } else {
         // State another rank owns: made eagerly by Adagrad, or by steps taken before sharding.
         optimizer.state().erase(all_[g][i].unsafeGetTensorImpl());
       }
     }
-    optimizer.param_groups()[g].params() = std::move(mine);
+    optimizer.param_groups()[g].params() = owned_[g];
   }
 }
 
 void ShardedOptimizer::check_unchanged() const {
   const auto& groups = optimizer_.param_groups();
-  bool same = groups.size() == all_.size();
-  for (size_t g = 0; same && g < all_.size(); ++g) {
-    std::vector<at::Tensor> mine;
-    for (size_t i = 0; i < all_[g].size(); ++i) {
-      if (owners_[g][i] == pg_->rank()) mine.push_back(all_[g][i]);
-    }
-    same = same_tensors(groups[g].params(), mine);
-  }
+  bool same = groups.size() == owned_.size();
+  for (size_t g = 0; same && g < owned_.size(); ++g) same = same_tensors(groups[g].params(), owned_[g]);
   TANDEM_CHECK(same,
                "ShardedOptimizer: the optimizer's param groups changed after it was sharded (a group or a parameter "
                "added or removed); build a new ShardedOptimizer over the changed optimizer");
@@ -115,9 +109,9 @@ bool ShardedOptimizer::step(const std::function<bool(torch::optim::Optimizer&)>&
                "must check for inf/NaN across ranks (build it with the process group, as the Accelerator does)");
   if (status == 1) sync_parameters();
   at::NoGradGuard no_grad;
-  for (const auto& group : all_) {
-    for (const auto& p : group) {
-      if (owner_of(p) != pg_->rank()) p.mutable_grad().reset();
+  for (size_t g = 0; g < all_.size(); ++g) {
+    for (size_t i = 0; i < all_[g].size(); ++i) {
+      if (owners_[g][i] != pg_->rank()) all_[g][i].mutable_grad().reset();
     }
   }
   return status == 1;

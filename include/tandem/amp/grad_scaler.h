@@ -168,4 +168,8 @@ class GradScaler {
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
 };
 
+/// `optimizer`'s step through `scaler` when there is one (which may skip it), else a plain step.
+/// Returns whether it stepped.
+bool step_optimizer(torch::optim::Optimizer& optimizer, GradScaler* scaler);
+
 }  // namespace tandem::amp

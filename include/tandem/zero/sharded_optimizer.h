@@ -65,6 +65,7 @@ class ShardedOptimizer {
   std::shared_ptr<comm::ProcessGroup> pg_;
   std::vector<std::vector<at::Tensor>> all_;     // per group, every parameter
   std::vector<std::vector<int>> owners_;         // per group, each parameter's owner
+  std::vector<std::vector<at::Tensor>> owned_;   // per group, this rank's parameters (what the optimizer holds)
   std::vector<std::vector<at::Tensor>> by_rank_; // per rank, its parameters in group order
   std::unordered_map<const void*, int> owner_by_impl_;
 };
