@@ -3,9 +3,10 @@
 //
 //   tandem run --nproc-per-node 2 -- ./fashion_mnist [--epochs 8] [--strategy auto|single|dp|ddp]
 //       [--mixed-precision no|bf16|fp16] [--zero-stage 0|1] [--batch-size 64] [--checkpoints DIR]
-//       [--resume-from DIR]
+//       [--checkpointing-steps N] [--resume-from DIR]
 //
-// It prints the test accuracy and the throughput at the end, and leaves a checkpoint.
+// It prints the test accuracy and the throughput at the end, and leaves a checkpoint. A checkpoint
+// resumes under any number of processes: the rest of its epoch is shared among them.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -47,7 +48,7 @@ std::map<std::string, tandem::Precision> kPrecisions = {
 int train(int argc, char** argv) {
   CLI::App app{"Fashion-MNIST with tandem::Accelerator"};
   int epochs = 8, zero_stage = 0;
-  int64_t batch_size = 64;
+  int64_t batch_size = 64, checkpointing_steps = 0;
   std::string strategy = "auto", precision = "no", checkpoints = "checkpoints", resume_from, data_root;
   app.add_option("--epochs", epochs, "Passes over the training set")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--batch-size", batch_size, "Samples per process per step")->check(CLI::PositiveNumber)->capture_default_str();
@@ -55,7 +56,9 @@ int train(int argc, char** argv) {
   app.add_option("--mixed-precision", precision)->check(CLI::IsMember({"no", "bf16", "fp16"}))->capture_default_str();
   app.add_option("--zero-stage", zero_stage, "0: plain DDP; 1: each process keeps its share of Adam's state")
       ->check(CLI::IsMember({0, 1}))->capture_default_str();
-  app.add_option("--checkpoints", checkpoints, "Where the final checkpoint goes")->capture_default_str();
+  app.add_option("--checkpoints", checkpoints, "Where the checkpoints go")->capture_default_str();
+  app.add_option("--checkpointing-steps", checkpointing_steps, "Also save a checkpoint every N steps (0: at the end only)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--resume-from", resume_from, "A checkpoint folder (or a folder of them) to continue from");
   app.add_option("--data", data_root, "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
   CLI11_PARSE(app, argc, argv);
@@ -95,6 +98,9 @@ int train(int argc, char** argv) {
       acc.zero_grad(optimizer);
       samples += batch.data.size(0) * acc.num_processes();
       bar.update(acc.completed_steps(), batch.data.size(0) * acc.num_processes(), loss.item<double>());
+      if (checkpointing_steps > 0 && acc.sync_gradients() && acc.completed_steps() % checkpointing_steps == 0) {
+        acc.save_state(checkpoints);
+      }
     }
   }
   bar.finish();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <set>
 #include <tuple>
@@ -326,9 +327,10 @@ void check_layout(std::vector<Parsed>& tensors, uint64_t data_size, const std::s
 
 }  // namespace
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  const std::string where = "save_safetensors " + path;
+namespace {
+
+// Checks `tensors` as save_safetensors documents and orders them as the package lays them out.
+std::vector<Entry> entries_of(const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& where) {
   std::vector<Entry> entries;
   std::set<std::string> names;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -355,25 +357,49 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     if (a.dtype->rank != b.dtype->rank) return a.dtype->rank > b.dtype->rank;
     return a.name < b.name;  // byte order, as Rust compares strings
   });
-  const std::string header = build_header(entries, metadata, where);
+  return entries;
+}
 
+// The file's bytes in order, handed to `write` piece by piece.
+void emit(const std::vector<Entry>& entries, const std::string& header,
+          const std::function<void(const void*, size_t)>& write) {
+  unsigned char length[8];
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));
+  write(length, sizeof length);
+  write(header.data(), header.size());
+  for (const auto& e : entries) {
+    if (e.bytes == 0) continue;
+    // One tensor at a time on the CPU: a GPU model is never copied whole.
+    at::Tensor cpu = e.tensor.detach().to(at::kCPU).resolve_conj().resolve_neg().contiguous();
+    write(cpu.data_ptr(), e.bytes);
+  }
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  const std::string where = "save_safetensors " + path;
+  const auto entries = entries_of(tensors, where);
+  const std::string header = build_header(entries, metadata, where);
   detail::write_file_durably(
       path,
       [&](int fd) {
         const std::string context = where + ": cannot write";
-        unsigned char length[8];
-        uint64_t n = header.size();
-        for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));
-        detail::write_all(fd, length, sizeof length, context);
-        detail::write_all(fd, header.data(), header.size(), context);
-        for (const auto& e : entries) {
-          if (e.bytes == 0) continue;
-          // One tensor at a time on the CPU: a GPU model is never copied whole.
-          at::Tensor cpu = e.tensor.detach().to(at::kCPU).resolve_conj().resolve_neg().contiguous();
-          detail::write_all(fd, cpu.data_ptr(), e.bytes, context);
-        }
+        emit(entries, header, [&](const void* data, size_t size) { detail::write_all(fd, data, size, context); });
       },
       where);
+}
+
+std::string safetensors_bytes(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  const std::string where = "safetensors_bytes";
+  const auto entries = entries_of(tensors, where);
+  const std::string header = build_header(entries, metadata, where);
+  std::string out;
+  emit(entries, header, [&](const void* data, size_t size) { out.append(static_cast<const char*>(data), size); });
+  return out;
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

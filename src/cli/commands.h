@@ -31,6 +31,8 @@ std::function<launch::LaunchOptions()> add_run_flags(CLI::App& app, const std::v
 /// returned command replaces this process with the helper.
 Command add_helper_command(CLI::App& app, const std::string& name, const std::string& description);
 Command add_env_command(CLI::App& app);
+/// `tandem checkpoint info | consolidate` (a tandem-torch subcommand).
+Command add_checkpoint_command(CLI::App& app);
 /// `tandem bench` (argv: the whole command line, recorded in results.json) and `tandem report`.
 Command add_bench_command(CLI::App& app, int argc, char** argv);
 Command add_report_command(CLI::App& app);

@@ -1,4 +1,4 @@
-// `tandem`: run | env | bench | report (Note [Two binaries] in commands.h).
+// `tandem`: run | env | checkpoint | bench | report (Note [Two binaries] in commands.h).
 #include "cli/commands.h"
 #include "tandem/version.h"
 
@@ -9,6 +9,8 @@ int main(int argc, char** argv) {
     return std::vector<tandem::cli::Command>{
         tandem::cli::add_run_command(a, after_separator),
         tandem::cli::add_helper_command(a, "env", "Print versions, devices, threads and the distributed environment"),
+        tandem::cli::add_helper_command(a, "checkpoint",
+                                        "Inspect an Accelerator checkpoint, or consolidate its optimizer state"),
         tandem::cli::add_bench_command(a, argc, argv),
         tandem::cli::add_report_command(a),
     };

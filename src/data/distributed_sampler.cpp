@@ -21,9 +21,19 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int world_size, int
   if (rank < 0 || rank >= world_size) {
     throw Error("DistributedSampler: rank " + std::to_string(rank) + " is not in 0.." + std::to_string(world_size - 1));
   }
-  num_samples_ = options.drop_last() && dataset_size % world_size != 0
-                     ? ceil_div(dataset_size - world_size, world_size)
-                     : ceil_div(dataset_size, world_size);
+  set_epoch(0);
+}
+
+void DistributedSampler::set_epoch(int64_t epoch, int64_t consumed) {
+  if (consumed < 0 || consumed > dataset_size_) {
+    throw Error("DistributedSampler: " + std::to_string(consumed) + " samples consumed of an epoch of " +
+                std::to_string(dataset_size_));
+  }
+  epoch_ = epoch;
+  consumed_ = consumed;
+  const int64_t left = dataset_size_ - consumed;
+  num_samples_ = options_.drop_last() && left % world_size_ != 0 ? ceil_div(left - world_size_, world_size_)
+                                                                 : ceil_div(left, world_size_);
   if (num_samples_ < 0) num_samples_ = 0;
 }
 
@@ -39,14 +49,20 @@ std::vector<int64_t> DistributedSampler::indices() const {
   } else {
     for (int64_t i = 0; i < dataset_size_; ++i) order[static_cast<size_t>(i)] = i;
   }
+  // The rest of the epoch, padded from the head of the epoch's order (PyTorch's rule when
+  // nothing was consumed).
   const auto total = static_cast<size_t>(total_size());
-  if (!options_.drop_last() && total > order.size() && !order.empty()) {
-    const size_t n = order.size();
-    order.reserve(total);
-    for (size_t i = n; i < total; ++i) order.push_back(order[(i - n) % n]);
-  } else if (order.size() > total) {
-    order.resize(total);
+  const auto consumed = static_cast<size_t>(consumed_);
+  const size_t n = order.size();
+  std::vector<int64_t> rest(order.begin() + static_cast<std::ptrdiff_t>(consumed), order.end());
+  if (!options_.drop_last() && total > rest.size() && n > 0) {
+    const size_t left = rest.size();
+    rest.reserve(total);
+    for (size_t i = left; i < total; ++i) rest.push_back(order[(i - left) % n]);
+  } else if (rest.size() > total) {
+    rest.resize(total);
   }
+  order = std::move(rest);
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(num_samples_));
   for (size_t i = static_cast<size_t>(rank_); i < order.size() && i < total; i += static_cast<size_t>(world_size_)) {

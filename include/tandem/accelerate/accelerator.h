@@ -216,8 +216,9 @@ class Accelerator {
     std::function<std::vector<std::pair<std::string, at::Tensor>>()> state;  // names -> tensors
   };
   struct LoaderEntry {
-    std::function<std::pair<int64_t, int64_t>()> position;
+    std::function<std::pair<int64_t, int64_t>()> position;  // (epoch, samples_done)
     std::function<void(int64_t, int64_t)> resume;
+    int64_t dataset_size = 0;
   };
 
   void initialize();
@@ -227,6 +228,11 @@ class Accelerator {
   std::pair<int64_t, int64_t> share_of(int64_t n) const;
   data::DistributedSamplerOptions sampler_options(bool shuffle) const;
   zero::ShardedOptimizer* sharded_of(const torch::optim::Optimizer& optimizer) const;
+  // Checkpoints (accelerator_state.cpp): each prepared model's named tensors, optimizer o's param
+  // groups (every parameter, also those other ranks own) and the parameters whose state it holds.
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> model_tensors() const;
+  std::vector<std::vector<at::Tensor>> optimizer_groups(size_t o) const;
+  std::vector<at::Tensor> held_parameters(size_t o) const;
   template <typename Dataset>
   void register_loader(accelerate::PreparedLoader<Dataset>& loader);
 
@@ -283,8 +289,9 @@ PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
 
 template <typename Dataset>
 void Accelerator::register_loader(accelerate::PreparedLoader<Dataset>& loader) {
-  loaders_.push_back(LoaderEntry{[loader]() { return std::make_pair(loader.epoch(), loader.batches_done()); },
-                                 [loader](int64_t epoch, int64_t done) mutable { loader.resume(epoch, done); }});
+  loaders_.push_back(LoaderEntry{[loader]() { return std::make_pair(loader.epoch(), loader.samples_done()); },
+                                 [loader](int64_t epoch, int64_t done) mutable { loader.resume(epoch, done); },
+                                 loader.dataset_size()});
 }
 
 template <typename Dataset>

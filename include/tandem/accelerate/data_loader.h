@@ -5,12 +5,19 @@
 // Note [Loader position]
 // - Each pass over the loader is one epoch: begin() sets the sampler's epoch (the shuffle is
 //   seed + epoch, the same on every rank) and the pass ends by advancing the epoch.
-// - `batches_done()` counts the batches of the current epoch already handed out; a checkpoint
-//   stores (epoch, batches_done) and resume() skips exactly that many batches of that epoch
-//   only — the next epoch starts from its first batch (accelerate applies its skip to every epoch,
-//   accelerate#1451).
-// - Every rank gets the same number of batches: with even_batches the sampler pads the last
-//   round with the epoch's first samples; gather_for_metrics drops them again (Accelerator).
+// - The epoch's order (the permutation of the dataset) is read in rounds: round b hands rank r
+//   the entries (b * batch + i) * W + r. So after k batches per rank the job has consumed the
+//   first k * batch * W entries of the order, whatever W is; `samples_done()` is that count (the
+//   dataset size once the epoch's last batch is out), and a checkpoint stores (epoch,
+//   samples_done) — a position that does not depend on the world size.
+// - resume(epoch, samples_done) continues that epoch with order[samples_done:], split among this
+//   job's ranks by the sampler's rule (DistributedSampler::set_epoch(epoch, consumed)). At the same
+//   world size that is exactly the batches the job would have read without stopping; at another
+//   one every sample not yet consumed is read exactly once, plus the padding any epoch has (the
+//   head of the order, repeated so that every rank gets as many; gather_for_metrics drops it). The
+//   next epoch starts from its first batch, the permutation a job of the new size draws
+//   (accelerate applies a skip to every epoch, accelerate#1451).
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -61,7 +68,8 @@ struct LoaderProgress {
   int64_t batch_size = 0;       // per rank
   int64_t dataset_size = 0;     // before padding
   int world_size = 1;
-  int64_t batches_per_epoch = 0;
+  int64_t batches_per_epoch = 0;  // of this pass over the epoch
+  int64_t first_sample = 0;       // position in the epoch's order of this round's first sample
 };
 
 template <typename Dataset>
@@ -98,6 +106,7 @@ class PreparedLoader {
         end_ = true;
         ++s.epoch;
         s.batches_done = 0;
+        s.start = 0;
         s.in_epoch = false;
         return;
       }
@@ -108,8 +117,13 @@ class PreparedLoader {
       } else {
         batch_ = collate(s.dataset.get_batch(rows));
       }
-      LoaderProgress progress{stop == static_cast<int64_t>(s.indices.size()), s.batches_done, s.batch_size,
-                              s.dataset_size, s.world_size, s.batches_per_epoch()};
+      LoaderProgress progress{stop == static_cast<int64_t>(s.indices.size()),
+                              s.batches_done,
+                              s.batch_size,
+                              s.dataset_size,
+                              s.world_size,
+                              s.batches_per_epoch(),
+                              s.start + s.batches_done * s.batch_size * s.world_size};
       ++s.batches_done;
       if (s.observer) s.observer(progress);
     }
@@ -138,22 +152,27 @@ class PreparedLoader {
   }
   Iterator end() { return Iterator(state_, true); }
 
-  /// Batches each rank gets per epoch.
+  /// Batches each rank gets in this pass over the epoch (a whole epoch unless resumed mid-way).
   int64_t batches_per_epoch() const { return state_->batches_per_epoch(); }
-  /// Samples each rank reads per epoch (padded with even_batches).
+  /// Samples each rank reads in this pass (padded with even_batches).
   int64_t samples_per_rank() const { return state_->sampler->num_samples(); }
   int64_t dataset_size() const { return state_->dataset_size; }
   int64_t epoch() const { return state_->epoch; }
+  /// Batches of this pass handed out so far.
   int64_t batches_done() const { return state_->batches_done; }
-  /// Note [Loader position]: continue epoch `epoch` after its first `batches_done` batches.
-  void resume(int64_t epoch, int64_t batches_done) {
+  /// Note [Loader position]: how many entries of the current epoch's order were consumed.
+  int64_t samples_done() const { return state_->samples_done(); }
+  /// Note [Loader position]: continue epoch `epoch` after the first `samples_done` entries of its
+  /// order (a position saved by a job of any world size with this dataset).
+  void resume(int64_t epoch, int64_t samples_done) {
     auto& s = *state_;
-    TANDEM_CHECK(epoch >= 0 && batches_done >= 0 && batches_done <= s.batches_per_epoch(), "resume: position (epoch ",
-                 epoch, ", batch ", batches_done, ") is outside this loader's ", s.batches_per_epoch(),
-                 " batches per epoch: the checkpoint belongs to other data or another batch size or world size");
+    TANDEM_CHECK(epoch >= 0 && samples_done >= 0 && samples_done <= s.dataset_size, "resume: position (epoch ",
+                 epoch, ", sample ", samples_done, ") is outside this loader's epoch of ", s.dataset_size,
+                 " samples: the checkpoint belongs to other data");
     s.epoch = epoch;
+    s.start = samples_done;
     s.start_epoch();
-    s.batches_done = batches_done;
+    s.batches_done = 0;
   }
   Dataset& dataset() { return state_->dataset; }
 
@@ -169,12 +188,13 @@ class PreparedLoader {
     std::optional<data::DistributedSampler> sampler;
     int64_t dataset_size = 0;
     int64_t epoch = 0;
+    int64_t start = 0;  // entries of the epoch's order consumed before this pass
     int64_t batches_done = 0;
     bool in_epoch = false;
     std::vector<size_t> indices;
-    /// This rank's indices for `epoch`, from the sampler (the shuffle of seed + epoch).
+    /// This rank's indices for `epoch` from `start` on, from the sampler (the shuffle of seed + epoch).
     void start_epoch() {
-      sampler->set_epoch(epoch);
+      sampler->set_epoch(epoch, start);
       auto order = sampler->indices();
       indices.assign(order.begin(), order.end());
       in_epoch = true;
@@ -182,6 +202,11 @@ class PreparedLoader {
     int64_t batches_per_epoch() const {
       const int64_t n = sampler->num_samples();
       return (n + batch_size - 1) / batch_size;
+    }
+    int64_t samples_done() const {
+      if (!in_epoch) return 0;
+      if (batches_done >= batches_per_epoch()) return dataset_size;  // the epoch's last batch is out
+      return std::min(dataset_size, start + batches_done * batch_size * world_size);
     }
   };
 

@@ -50,6 +50,11 @@ void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+/// The bytes save_safetensors would write for the same tensors and metadata (the same checks), in
+/// memory: for a file that another process writes (a rank's optimizer shard, sent to the main one).
+std::string safetensors_bytes(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
 /// Reads a safetensors file strictly: any malformed header (truncated file, absurd header
 /// length, invalid JSON, duplicate names, unknown dtype, shape that disagrees with its offsets,
 /// offsets out of bounds, overlapping, leaving gaps or unused trailing bytes, a BOOL byte that is

@@ -9,6 +9,14 @@
 //               `total`; with drop_last, truncate to `total` instead
 //   rank r      takes order[r : total : W]
 //
+// Tandem's one extension, for checkpoints that resume at another world size (Note [Loader
+// position] in tandem/accelerate/data_loader.h): set_epoch(epoch, consumed) continues an epoch
+// whose first `consumed` entries of `order` were already read, by a job of any world size. The
+// rule above then applies to order[consumed:] (N - consumed entries, padded from the head of the
+// epoch's order as before), so with consumed = 0 it is exactly PyTorch's, and a job that stopped
+// after k rounds of b samples per rank and continues at the same world size with
+// consumed = k * b * W reads exactly what it would have read without stopping.
+//
 // LibTorch's own DistributedRandomSampler differs (contiguous blocks, pads before shuffling,
 // mt19937(epoch)), which is why this is not a wrapper around it.
 //
@@ -45,13 +53,15 @@ class DistributedSampler {
   DistributedSampler(int64_t dataset_size, int world_size, int rank,
                      DistributedSamplerOptions options = {});
 
-  /// Chooses the shuffle of the coming epoch (same on every rank).
-  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  /// Chooses the shuffle of the coming epoch (same on every rank), and where in it to start: after
+  /// the first `consumed` entries of the epoch's order (0..dataset size; throws otherwise).
+  void set_epoch(int64_t epoch, int64_t consumed = 0);
   int64_t epoch() const { return epoch_; }
+  int64_t consumed() const { return consumed_; }
 
-  /// This rank's indices for the current epoch, in order.
+  /// This rank's indices for the current epoch (from `consumed` on), in order.
   std::vector<int64_t> indices() const;
-  /// How many indices every rank gets per epoch.
+  /// How many indices every rank gets in the current epoch (from `consumed` on).
   int64_t num_samples() const { return num_samples_; }
   /// num_samples() * world size: the padded (or truncated) epoch length.
   int64_t total_size() const { return num_samples_ * world_size_; }
@@ -63,7 +73,8 @@ class DistributedSampler {
   int rank_;
   DistributedSamplerOptions options_;
   int64_t epoch_ = 0;
-  int64_t num_samples_;
+  int64_t consumed_ = 0;
+  int64_t num_samples_ = 0;
 };
 
 }  // namespace tandem::data

@@ -1,0 +1,512 @@
+// The Accelerator's checkpoints: save_state, load_state, load_state_if_any (docs/checkpoints.md;
+// the files themselves: checkpoint_dir.h, safetensors.h; the optimizers' state: optimizer_state.h).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <torch/utils.h>
+
+#include "accelerate/optimizer_state.h"
+#include "tandem/accelerate/accelerator.h"
+#include "tandem/accelerate/checkpoint_dir.h"
+#include "tandem/accelerate/safetensors.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+// Note [Resuming at another world size]
+// A checkpoint holds nothing that depends on the world size it was written at:
+// - the weights are whole (every rank holds them);
+// - each optimizer's state is by parameter name (Note [Optimizer state by name]), whole or one
+//   file per rank of a sharded optimizer; a loader keeps what it holds under its own sharding;
+// - the loaders' positions count the samples of the epoch's order consumed (Note [Loader
+//   position]), so the rest of the epoch is split among the new ranks, every sample once.
+// What cannot carry over is each rank's random generator: at the same world size every rank gets
+// its own state back (the run continues exactly as if never stopped); at another one there is no
+// "own" state, so every rank seeds its generators with reseed(seed, rank, step) — reproducible
+// (the same checkpoint at the same new world size draws the same numbers), different on every
+// rank, and different from the seeds a fresh job starts with.
+namespace {
+
+constexpr int kStateFormat = 2;
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+// Every rank's `bytes`, on every rank, in rank order (lengths may differ), in pieces of 64 MiB
+// (the MPI backend gathers at most 128 MiB per rank at once).
+std::vector<std::string> gather_bytes(comm::ProcessGroup& pg, const std::string& bytes) {
+  constexpr int64_t kPiece = int64_t{64} << 20;
+  const auto lengths = pg.all_gather(at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong));
+  int64_t longest = 0;
+  for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
+  std::vector<std::string> out(lengths.size());
+  for (int64_t at = 0; at < longest; at += kPiece) {
+    const int64_t n = std::min(kPiece, longest - at);
+    at::Tensor mine = at::zeros({n}, at::kByte);
+    const int64_t have = std::clamp<int64_t>(static_cast<int64_t>(bytes.size()) - at, 0, n);
+    if (have > 0) std::memcpy(mine.data_ptr(), bytes.data() + at, static_cast<size_t>(have));
+    const auto all = pg.all_gather(mine);
+    for (size_t r = 0; r < all.size(); ++r) {
+      const int64_t theirs = std::clamp<int64_t>(lengths[r].item<int64_t>() - at, 0, n);
+      out[r].append(static_cast<const char*>(all[r].data_ptr()), static_cast<size_t>(theirs));
+    }
+  }
+  return out;
+}
+
+std::string optimizer_file(size_t optimizer, int rank, bool sharded, bool named) {
+  return "optimizer_" + std::to_string(optimizer) + (sharded ? ".rank" + std::to_string(rank) : "") +
+         (named ? ".safetensors" : ".pt");
+}
+
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& groups) {
+  std::vector<at::Tensor> out;
+  for (const auto& g : groups) out.insert(out.end(), g.begin(), g.end());
+  return out;
+}
+
+// Each parameter's name: its name in the prepared model ("model_<m>/" before it from the second
+// model on); one that belongs to no prepared model is named by position ("param_groups.<g>.<i>").
+accelerate::ParamNames names_for(const std::vector<std::vector<std::pair<std::string, at::Tensor>>>& models,
+                                 const std::vector<std::vector<at::Tensor>>& groups) {
+  accelerate::ParamNames names;
+  for (size_t m = 0; m < models.size(); ++m) {
+    const std::string prefix = m == 0 ? "" : "model_" + std::to_string(m) + "/";
+    for (const auto& [name, tensor] : models[m]) names.emplace(tensor.unsafeGetTensorImpl(), prefix + name);
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].size(); ++i) {
+      names.emplace(groups[g][i].unsafeGetTensorImpl(), message("param_groups.", g, ".", i));
+    }
+  }
+  return names;
+}
+
+// splitmix64 over (seed, rank, step): Note [Resuming at another world size].
+uint64_t reseed(uint64_t seed, int rank, int64_t step) {
+  uint64_t x = seed;
+  for (uint64_t v : {static_cast<uint64_t>(rank), static_cast<uint64_t>(step), uint64_t{0x7a6e}}) {
+    x += 0x9e3779b97f4a7c15ULL + v;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+  }
+  return x;
+}
+
+// Every rank's generator states, gathered so that the main process writes them all.
+std::vector<std::pair<std::string, at::Tensor>> rng_states(const std::shared_ptr<comm::ProcessGroup>& pg, int world,
+                                                           const c10::Device& device) {
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  std::vector<std::pair<std::string, at::Tensor>> mine{
+      {"cpu", at::detail::getDefaultCPUGenerator().get_state()}};
+  if (device.is_cuda()) mine.emplace_back("cuda", at::globalContext().defaultGenerator(device).get_state());
+  for (auto& [kind, state] : mine) {
+    if (pg && world > 1) {
+      auto all = pg->all_gather(state.contiguous());
+      for (int r = 0; r < world; ++r) named.emplace_back(kind + "_rank_" + std::to_string(r), all[static_cast<size_t>(r)]);
+    } else {
+      named.emplace_back(kind + "_rank_0", state);
+    }
+  }
+  return named;
+}
+
+}  // namespace
+
+void Accelerator::register_for_checkpointing(const std::string& name, std::function<std::string()> save,
+                                             std::function<void(const std::string&)> load) {
+  TANDEM_CHECK(!name.empty() && name.find('/') == std::string::npos, "register_for_checkpointing: '", name,
+               "' is not a valid name (non-empty, no '/')");
+  custom_.emplace_back(name, std::move(save), std::move(load));
+}
+
+std::vector<std::vector<std::pair<std::string, at::Tensor>>> Accelerator::model_tensors() const {
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> out;
+  for (const auto& m : models_) out.push_back(m.state());
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> Accelerator::optimizer_groups(size_t o) const {
+  if (sharded_[o]) return sharded_[o]->all_params();
+  std::vector<std::vector<at::Tensor>> groups;
+  for (const auto& g : optimizers_[o]->param_groups()) groups.push_back(g.params());
+  return groups;
+}
+
+std::vector<at::Tensor> Accelerator::held_parameters(size_t o) const {
+  std::vector<at::Tensor> held;
+  for (const auto& p : flatten(optimizer_groups(o))) {
+    if (!sharded_[o] || sharded_[o]->owner_of(p) == world_.rank) held.push_back(p);
+  }
+  return held;
+}
+
+std::string Accelerator::save_state(const std::string& root) {
+  // Accumulated gradients are not part of a checkpoint: a save between synchronisations would
+  // resume differently, silently. (The condition is the same on every rank.)
+  TANDEM_CHECK(sync_gradients_, "save_state: called in the middle of gradient accumulation (batch ",
+               accumulation_step_ % options_.gradient_accumulation_steps(), " of ",
+               options_.gradient_accumulation_steps(),
+               "): the accumulated gradients are not saved; call it after a batch where sync_gradients() is true");
+  const auto rng = rng_states(pg_, world_.world_size, device_);  // a collective: every rank
+  // Note [Optimizer state by name]: a sharded optimizer's shards are sent to the main process,
+  // which writes every file (no shared file system needed to save).
+  const auto models = model_tensors();
+  std::vector<nlohmann::json> described(optimizers_.size());
+  std::vector<accelerate::ParamNames> names(optimizers_.size());
+  std::vector<bool> named(optimizers_.size());
+  std::vector<std::vector<std::string>> shards(optimizers_.size());
+  for (size_t o = 0; o < optimizers_.size(); ++o) {
+    auto& optimizer = *optimizers_[o];
+    const auto groups = optimizer_groups(o);
+    names[o] = names_for(models, groups);
+    named[o] = !accelerate::named_optimizer_type(optimizer).empty();
+    described[o] = named[o] ? accelerate::describe_optimizer(optimizer, groups, names[o]) : nlohmann::json{{"type", ""}};
+    if (sharded_[o]) {
+      shards[o] = gather_bytes(*pg_, named[o] ? accelerate::safetensors_bytes(
+                                                    accelerate::named_state(optimizer, held_parameters(o), names[o]),
+                                                    {{"format", "pt"}})
+                                              : optimizer_bytes(optimizer));
+    }
+  }
+  std::string path = root + "/" + accelerate::checkpoint_name(completed_steps_);
+  std::string failure;
+  if (is_main_process()) {
+    try {
+      accelerate::CheckpointWriter writer(root, accelerate::checkpoint_name(completed_steps_));
+      for (size_t m = 0; m < models_.size(); ++m) {
+        accelerate::save_safetensors(writer.path_for("model_" + std::to_string(m) + ".safetensors"), models[m],
+                                     {{"format", "pt"}});
+      }
+      nlohmann::json optimizer_state = nlohmann::json::array();
+      for (size_t o = 0; o < optimizers_.size(); ++o) {
+        nlohmann::json entry = described[o];
+        const bool sharded = static_cast<bool>(sharded_[o]);
+        entry["sharded"] = sharded;
+        entry["files"] = nlohmann::json::array();
+        if (sharded) {
+          for (size_t r = 0; r < shards[o].size(); ++r) {
+            const auto file = optimizer_file(o, static_cast<int>(r), true, named[o]);
+            writer.add_file(file, shards[o][r]);
+            entry["files"].push_back(file);
+          }
+        } else {
+          const auto file = optimizer_file(o, 0, false, named[o]);
+          if (named[o]) {
+            accelerate::save_safetensors(writer.path_for(file),
+                                         accelerate::named_state(*optimizers_[o], held_parameters(o), names[o]),
+                                         {{"format", "pt"}});
+          } else {
+            torch::serialize::OutputArchive archive;
+            optimizers_[o]->save(archive);
+            archive.save_to(writer.path_for(file));
+          }
+          entry["files"].push_back(file);
+        }
+        optimizer_state.push_back(entry);
+      }
+      accelerate::save_safetensors(writer.path_for("rng.safetensors"), rng);
+      nlohmann::json state;
+      state["format"] = kStateFormat;
+      state["world_size"] = world_.world_size;
+      state["completed_steps"] = completed_steps_;
+      state["accumulation_step"] = accumulation_step_;
+      state["end_of_data"] = end_of_data_;
+      state["models"] = models_.size();
+      state["optimizers"] = optimizer_state;
+      state["loaders"] = nlohmann::json::array();
+      for (const auto& loader : loaders_) {
+        const auto [epoch, done] = loader.position();
+        state["loaders"].push_back({{"epoch", epoch}, {"samples_done", done}});
+      }
+      if (scaler_) {
+        const auto s = scaler_->state_dict();
+        state["scaler"] = {{"scale", s.scale},
+                           {"growth_factor", s.growth_factor},
+                           {"backoff_factor", s.backoff_factor},
+                           {"growth_interval", s.growth_interval},
+                           {"_growth_tracker", s.growth_tracker}};
+      }
+      state["custom"] = nlohmann::json::array();
+      for (const auto& [name, save, load] : custom_) {
+        (void)load;
+        writer.add_file("custom/" + name, save());
+        state["custom"].push_back(name);
+      }
+      writer.add_file("state.json", state.dump(2));
+      path = writer.commit();
+      if (total_limit_ > 0) accelerate::keep_newest(root, total_limit_);
+    } catch (const std::exception& e) {
+      failure = one_line(e);
+    }
+  }
+  // Every rank returns once the checkpoint exists (or every rank throws when it does not).
+  if (pg_ && pg_->size() > 1) {
+    at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
+    pg_->all_reduce(failed, comm::ReduceOp::Max);
+    TANDEM_CHECK(failed.item<int>() == 0, failure.empty() ? "save_state: the main process failed to write " + path : failure);
+  }
+  TANDEM_CHECK(failure.empty(), "save_state: ", failure);
+  return path;
+}
+
+// Note [Loading all or nothing]
+// load_state first reads and checks everything the checkpoint holds (every file against the
+// manifest, names, shapes, types, the optimizers' state, the positions), on every rank, and the
+// ranks agree on the outcome before anything changes: a damaged or foreign file stops every rank
+// with the model, the optimizers and the loop exactly as they were, never half-loaded.
+void Accelerator::load_state(const std::string& path) {
+  std::string dir = path;
+  struct Staged {
+    nlohmann::json state;
+    int saved_world = 0;
+    std::vector<std::pair<at::Tensor, at::Tensor>> weights;  // the model's tensor, the saved one
+    std::vector<accelerate::StagedOptimizerState> named;
+    std::vector<std::string> archives;  // LibTorch archives (an optimizer without a named format)
+    std::vector<std::pair<std::string, at::Tensor>> rng;  // this rank's generator states
+    std::vector<std::string> custom;
+  } staged;
+  std::string failure;
+  try {
+    if (!exists(path + "/" + accelerate::kCheckpointManifest)) {
+      const auto found = accelerate::list_checkpoints(path);
+      TANDEM_CHECK(!found.empty(), "load_state: no checkpoint in ", path, " (expected a folder with ",
+                   accelerate::kCheckpointManifest, ", or a folder of checkpoint_<step> folders)");
+      dir = found.back();  // the newest, a path under `path`
+    }
+    accelerate::CheckpointReader reader(dir);  // verifies every file's size and CRC-32
+    auto& state = staged.state;
+    state = nlohmann::json::parse(reader.read("state.json"));
+    const int format = state.value("format", 0);
+    TANDEM_CHECK(format == kStateFormat, "load_state: ", dir, "/state.json has format ", format, ", expected ",
+                 kStateFormat, format == 1 ? " (written by an older Tandem: resume it with the version that wrote it)" : "");
+    staged.saved_world = state.at("world_size").get<int>();
+    const auto& optimizers = state.at("optimizers");
+    TANDEM_CHECK(state.at("models").get<size_t>() == models_.size() && optimizers.size() == optimizers_.size(),
+                 "load_state: ", dir, " holds ", state.at("models").get<size_t>(), " model(s) and ", optimizers.size(),
+                 " optimizer(s), this Accelerator prepared ", models_.size(), " and ", optimizers_.size());
+    const auto models = model_tensors();
+    for (size_t m = 0; m < models.size(); ++m) {
+      const std::string file = "model_" + std::to_string(m) + ".safetensors";
+      auto saved = accelerate::load_safetensors(reader.path(file));
+      std::map<std::string, at::Tensor> by_name(saved.tensors.begin(), saved.tensors.end());
+      for (const auto& [name, tensor] : models[m]) {
+        auto it = by_name.find(name);
+        TANDEM_CHECK(it != by_name.end(), "load_state: ", file, " has no tensor '", name, "'");
+        TANDEM_CHECK(it->second.sizes() == tensor.sizes() && it->second.scalar_type() == tensor.scalar_type(),
+                     "load_state: ", file, ": '", name, "' is ", c10::toString(it->second.scalar_type()),
+                     it->second.sizes(), " but the model's is ", c10::toString(tensor.scalar_type()), tensor.sizes());
+        staged.weights.emplace_back(tensor, it->second);
+      }
+    }
+    staged.named.resize(optimizers_.size());
+    staged.archives.resize(optimizers_.size());
+    for (size_t o = 0; o < optimizers_.size(); ++o) {
+      const auto& entry = optimizers[o];
+      const std::string where = message("load_state: ", dir, ": optimizer ", o);
+      const bool saved_sharded = entry.at("sharded").get<bool>();
+      const auto files = entry.at("files").get<std::vector<std::string>>();
+      if (entry.at("type").get<std::string>().empty()) {
+        // A LibTorch archive: it loads only where it was written.
+        const bool sharded = static_cast<bool>(sharded_[o]);
+        TANDEM_CHECK(saved_sharded == sharded && staged.saved_world == world_.world_size && !files.empty(), where,
+                     " is an optimizer of its own type saved as LibTorch archive(s) by ", staged.saved_world,
+                     " process(es), ", saved_sharded ? "sharded" : "whole", "; it loads only like that (this job: ",
+                     world_.world_size, ", ", sharded ? "sharded" : "whole",
+                     "). SGD, Adam, AdamW, RMSprop and Adagrad load at any world size and sharding");
+        staged.archives[o] = reader.read(files.at(saved_sharded ? static_cast<size_t>(world_.rank) : 0));
+        continue;
+      }
+      std::vector<std::string> paths;
+      for (const auto& f : files) paths.push_back(reader.path(f));
+      const auto groups = optimizer_groups(o);
+      staged.named[o] = accelerate::stage_optimizer_state(*optimizers_[o], groups, names_for(models, groups),
+                                                          held_parameters(o), entry, paths, where);
+    }
+    if (staged.saved_world == world_.world_size) {
+      auto rng = accelerate::load_safetensors(reader.path("rng.safetensors"));
+      for (auto& [name, tensor] : rng.tensors) {
+        if (name == "cpu_rank_" + std::to_string(world_.rank) ||
+            (name == "cuda_rank_" + std::to_string(world_.rank) && device_.is_cuda())) {
+          staged.rng.emplace_back(name.substr(0, name.find('_')), tensor);
+        }
+      }
+    }
+    const auto& positions = state.at("loaders");
+    TANDEM_CHECK(positions.size() == loaders_.size(), "load_state: ", dir, " holds the position of ", positions.size(),
+                 " loader(s), this Accelerator prepared ", loaders_.size());
+    for (size_t l = 0; l < loaders_.size(); ++l) {
+      const auto epoch = positions[l].at("epoch").get<int64_t>();
+      const auto done = positions[l].at("samples_done").get<int64_t>();
+      TANDEM_CHECK(epoch >= 0 && done >= 0 && done <= loaders_[l].dataset_size, "load_state: ", dir, ": loader ", l,
+                   " stopped at sample ", done, " of epoch ", epoch, ", outside its ", loaders_[l].dataset_size,
+                   " samples: the checkpoint belongs to other data");
+    }
+    for (const auto& [name, save, load] : custom_) {
+      (void)save, (void)load;
+      staged.custom.push_back(reader.read("custom/" + name));
+    }
+  } catch (const std::exception& e) {
+    failure = one_line(e);
+  }
+  if (pg_ && pg_->size() > 1) {
+    at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
+    pg_->all_reduce(failed, comm::ReduceOp::Max);
+    TANDEM_CHECK(failure.empty(), failure);
+    TANDEM_CHECK(failed.item<int>() == 0, "load_state: another process could not read ", dir,
+                 " (its error says why); nothing was loaded");
+  }
+  TANDEM_CHECK(failure.empty(), failure);
+
+  // Everything is read and checked on every rank: apply it.
+  const auto& state = staged.state;
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [tensor, saved] : staged.weights) tensor.copy_(saved);
+  }
+  for (size_t o = 0; o < optimizers_.size(); ++o) {
+    if (staged.archives[o].empty()) {
+      accelerate::apply_optimizer_state(*optimizers_[o], held_parameters(o), std::move(staged.named[o]));
+      continue;
+    }
+    torch::serialize::InputArchive archive;
+    std::istringstream in(staged.archives[o]);
+    archive.load_from(in);
+    optimizers_[o]->load(archive);
+  }
+  if (staged.saved_world == world_.world_size) {
+    for (const auto& [kind, tensor] : staged.rng) {
+      at::Generator generator =
+          kind == "cpu" ? at::detail::getDefaultCPUGenerator() : at::globalContext().defaultGenerator(device_);
+      generator.set_state(tensor);
+    }
+  } else {
+    // Note [Resuming at another world size].
+    torch::manual_seed(reseed(options_.seed(), world_.rank, state.at("completed_steps").get<int64_t>()));
+  }
+  if (scaler_ && state.contains("scaler")) {
+    amp::GradScalerState s;
+    const auto& j = state["scaler"];
+    s.scale = j.at("scale").get<double>();
+    s.growth_factor = j.at("growth_factor").get<double>();
+    s.backoff_factor = j.at("backoff_factor").get<double>();
+    s.growth_interval = j.at("growth_interval").get<int64_t>();
+    s.growth_tracker = j.at("_growth_tracker").get<int64_t>();
+    scaler_->load_state_dict(s);
+  }
+  const auto& positions = state.at("loaders");
+  for (size_t l = 0; l < loaders_.size(); ++l) {
+    loaders_[l].resume(positions[l].at("epoch").get<int64_t>(), positions[l].at("samples_done").get<int64_t>());
+  }
+  completed_steps_ = state.at("completed_steps").get<int64_t>();
+  accumulation_step_ = state.at("accumulation_step").get<int64_t>();
+  end_of_data_ = state.at("end_of_data").get<bool>();
+  for (size_t c = 0; c < custom_.size(); ++c) std::get<2>(custom_[c])(staged.custom[c]);
+}
+
+// Note [Auto-resume]
+// A restarted job (`tandem run --max-restarts`, a preempted job submitted again) calls
+// load_state_if_any(root) before its loop, as accelerate users call load_state on their newest
+// folder. Only committed checkpoints are candidates (list_checkpoints): a writer killed in the
+// middle of save_state leaves a hidden `.tmp-` folder, which is never listed, so the job resumes
+// from the checkpoint before it. Every process lists `root` itself (a shared file system), so the
+// processes first agree on what they saw: a process that resumed while another started afresh
+// would train different weights without a word. After loading they agree again on success, so
+// that a file damaged for one process stops every process at once instead of leaving the others
+// blocked in their first collective until the collective timeout.
+namespace {
+
+constexpr int64_t kNoCheckpoint = -1, kCannotList = -2;
+
+/// The step in a list_checkpoints path ("…/checkpoint_000120" -> 120), saturating, and a hash of
+/// the name, so that two names with equal steps ("checkpoint_8", "checkpoint_008") differ.
+std::pair<int64_t, int64_t> identify(const std::string& path) {
+  const std::string name = path.substr(path.rfind('/') + 1);
+  const std::string digits = name.substr(std::string(accelerate::kCheckpointPrefix).size());
+  errno = 0;
+  const long long step = std::strtoll(digits.c_str(), nullptr, 10);
+  return {errno == ERANGE ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(step),
+          static_cast<int64_t>(std::hash<std::string>{}(name) >> 1)};
+}
+
+std::string describe_seen(int64_t step) {
+  if (step == kNoCheckpoint) return "none";
+  if (step == kCannotList) return "cannot list it";
+  return "checkpoint of step " + std::to_string(step);
+}
+
+}  // namespace
+
+std::optional<std::string> Accelerator::load_state_if_any(const std::string& root) {
+  std::optional<std::string> newest;
+  std::string list_error;
+  try {
+    const auto found = accelerate::list_checkpoints(root);
+    if (!found.empty()) newest = found.back();
+  } catch (const std::exception& e) {
+    list_error = one_line(e);
+  }
+  const bool distributed = pg_ && pg_->size() > 1;
+  if (distributed) {
+    const auto mine = !list_error.empty() ? std::make_pair(kCannotList, int64_t{0})
+                      : newest            ? identify(*newest)
+                                          : std::make_pair(kNoCheckpoint, int64_t{0});
+    const auto all = pg_->all_gather(at::tensor({mine.first, mine.second}, at::kLong));
+    bool same = true, unlistable = false;
+    std::string seen;
+    for (size_t r = 0; r < all.size(); ++r) {
+      const int64_t step = all[r][0].item<int64_t>(), hash = all[r][1].item<int64_t>();
+      same = same && step == mine.first && hash == mine.second;
+      unlistable = unlistable || step == kCannotList;
+      seen += message(r ? ", " : "", "rank ", r, " ", describe_seen(step));
+    }
+    TANDEM_CHECK(list_error.empty(), "load_state_if_any: ", list_error);
+    TANDEM_CHECK(!unlistable, "load_state_if_any: ", root, ": another process cannot list it (", seen, ")");
+    TANDEM_CHECK(same, "load_state_if_any: the processes see different checkpoints under ", root, " (", seen,
+                 "): every process must see the same folder, e.g. on a shared file system");
+  }
+  TANDEM_CHECK(list_error.empty(), "load_state_if_any: ", list_error);
+  if (!newest) return std::nullopt;
+  std::string load_error;
+  try {
+    load_state(*newest);
+  } catch (const std::exception& e) {
+    load_error = one_line(e);
+  }
+  if (distributed) {
+    const auto all = pg_->all_gather(at::full({1}, load_error.empty() ? 0 : 1, at::kInt));
+    std::string failed;
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r].item<int>() != 0) failed += message(failed.empty() ? "" : ", ", r);
+    }
+    TANDEM_CHECK(load_error.empty(), load_error);
+    TANDEM_CHECK(failed.empty(), "load_state_if_any: rank(s) ", failed, " failed to load ", *newest,
+                 " (their own error says why); this process loaded it but stops too");
+  }
+  TANDEM_CHECK(load_error.empty(), load_error);
+  return newest;
+}
+
+
+}  // namespace tandem

@@ -1,0 +1,346 @@
+#include "accelerate/optimizer_state.h"
+
+#include <set>
+
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include "tandem/accelerate/safetensors.h"
+#include "tandem/error.h"
+
+namespace tandem::accelerate {
+namespace {
+
+using json = nlohmann::json;
+using torch::optim::Optimizer;
+using torch::optim::OptimizerOptions;
+using torch::optim::OptimizerParamState;
+
+enum class Kind { None, Sgd, Adam, AdamW, RmsProp, Adagrad };
+
+Kind kind_of(const Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return Kind::Sgd;
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return Kind::Adam;
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return Kind::AdamW;
+  if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer)) return Kind::RmsProp;
+  if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer)) return Kind::Adagrad;
+  return Kind::None;
+}
+
+const char* name_of(Kind kind) {
+  switch (kind) {
+    case Kind::Sgd: return "SGD";
+    case Kind::Adam: return "Adam";
+    case Kind::AdamW: return "AdamW";
+    case Kind::RmsProp: return "RMSprop";
+    case Kind::Adagrad: return "Adagrad";
+    case Kind::None: break;
+  }
+  return "";
+}
+
+// ---- hyper-parameters, with PyTorch's param_groups names ----------------------------------------
+
+template <typename AdamLike>
+json adam_options(const AdamLike& o) {
+  return {{"lr", o.lr()},
+          {"betas", {std::get<0>(o.betas()), std::get<1>(o.betas())}},
+          {"eps", o.eps()},
+          {"weight_decay", o.weight_decay()},
+          {"amsgrad", o.amsgrad()}};
+}
+
+template <typename AdamLike>
+void set_adam_options(AdamLike& o, const json& j) {
+  const auto betas = j.at("betas").get<std::vector<double>>();
+  TANDEM_CHECK(betas.size() == 2, "betas has ", betas.size(), " values, not 2");
+  o.lr(j.at("lr").get<double>())
+      .betas(std::make_tuple(betas[0], betas[1]))
+      .eps(j.at("eps").get<double>())
+      .weight_decay(j.at("weight_decay").get<double>())
+      .amsgrad(j.at("amsgrad").get<bool>());
+}
+
+json options_of(Kind kind, const OptimizerOptions& options) {
+  switch (kind) {
+    case Kind::Sgd: {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
+      return {{"lr", o.lr()},
+              {"momentum", o.momentum()},
+              {"dampening", o.dampening()},
+              {"weight_decay", o.weight_decay()},
+              {"nesterov", o.nesterov()}};
+    }
+    case Kind::Adam: return adam_options(static_cast<const torch::optim::AdamOptions&>(options));
+    case Kind::AdamW: return adam_options(static_cast<const torch::optim::AdamWOptions&>(options));
+    case Kind::RmsProp: {
+      const auto& o = static_cast<const torch::optim::RMSpropOptions&>(options);
+      return {{"lr", o.lr()},         {"alpha", o.alpha()},       {"eps", o.eps()},
+              {"weight_decay", o.weight_decay()}, {"momentum", o.momentum()}, {"centered", o.centered()}};
+    }
+    case Kind::Adagrad: {
+      const auto& o = static_cast<const torch::optim::AdagradOptions&>(options);
+      return {{"lr", o.lr()},
+              {"lr_decay", o.lr_decay()},
+              {"weight_decay", o.weight_decay()},
+              {"initial_accumulator_value", o.initial_accumulator_value()},
+              {"eps", o.eps()}};
+    }
+    case Kind::None: break;
+  }
+  return json::object();
+}
+
+void set_options(Kind kind, OptimizerOptions& options, const json& j) {
+  switch (kind) {
+    case Kind::Sgd: {
+      auto& o = static_cast<torch::optim::SGDOptions&>(options);
+      o.lr(j.at("lr").get<double>())
+          .momentum(j.at("momentum").get<double>())
+          .dampening(j.at("dampening").get<double>())
+          .weight_decay(j.at("weight_decay").get<double>())
+          .nesterov(j.at("nesterov").get<bool>());
+      return;
+    }
+    case Kind::Adam: return set_adam_options(static_cast<torch::optim::AdamOptions&>(options), j);
+    case Kind::AdamW: return set_adam_options(static_cast<torch::optim::AdamWOptions&>(options), j);
+    case Kind::RmsProp: {
+      auto& o = static_cast<torch::optim::RMSpropOptions&>(options);
+      o.lr(j.at("lr").get<double>())
+          .alpha(j.at("alpha").get<double>())
+          .eps(j.at("eps").get<double>())
+          .weight_decay(j.at("weight_decay").get<double>())
+          .momentum(j.at("momentum").get<double>())
+          .centered(j.at("centered").get<bool>());
+      return;
+    }
+    case Kind::Adagrad: {
+      auto& o = static_cast<torch::optim::AdagradOptions&>(options);
+      o.lr(j.at("lr").get<double>())
+          .lr_decay(j.at("lr_decay").get<double>())
+          .weight_decay(j.at("weight_decay").get<double>())
+          .initial_accumulator_value(j.at("initial_accumulator_value").get<double>())
+          .eps(j.at("eps").get<double>());
+      return;
+    }
+    case Kind::None: break;
+  }
+}
+
+// ---- per-parameter state -------------------------------------------------------------------------
+
+at::Tensor step_tensor(int64_t step) { return at::scalar_tensor(step, at::kLong); }
+
+void add(std::vector<std::pair<std::string, at::Tensor>>& out, const char* key, const at::Tensor& t) {
+  if (t.defined()) out.emplace_back(key, t);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> tensors_of(Kind kind, const OptimizerParamState& state) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  switch (kind) {
+    case Kind::Sgd:
+      add(out, "momentum_buffer", static_cast<const torch::optim::SGDParamState&>(state).momentum_buffer());
+      break;
+    case Kind::Adam: {
+      const auto& s = static_cast<const torch::optim::AdamParamState&>(state);
+      out.emplace_back("step", step_tensor(s.step()));
+      add(out, "exp_avg", s.exp_avg());
+      add(out, "exp_avg_sq", s.exp_avg_sq());
+      add(out, "max_exp_avg_sq", s.max_exp_avg_sq());
+      break;
+    }
+    case Kind::AdamW: {
+      const auto& s = static_cast<const torch::optim::AdamWParamState&>(state);
+      out.emplace_back("step", step_tensor(s.step()));
+      add(out, "exp_avg", s.exp_avg());
+      add(out, "exp_avg_sq", s.exp_avg_sq());
+      add(out, "max_exp_avg_sq", s.max_exp_avg_sq());
+      break;
+    }
+    case Kind::RmsProp: {
+      const auto& s = static_cast<const torch::optim::RMSpropParamState&>(state);
+      out.emplace_back("step", step_tensor(s.step()));
+      add(out, "square_avg", s.square_avg());
+      add(out, "momentum_buffer", s.momentum_buffer());
+      add(out, "grad_avg", s.grad_avg());
+      break;
+    }
+    case Kind::Adagrad: {
+      const auto& s = static_cast<const torch::optim::AdagradParamState&>(state);
+      out.emplace_back("step", step_tensor(s.step()));
+      add(out, "sum", s.sum());
+      break;
+    }
+    case Kind::None: break;
+  }
+  return out;
+}
+
+// The saved tensors of one parameter, checked (keys of its type, buffers of the parameter's shape),
+// as a new state on the parameter's device.
+std::unique_ptr<OptimizerParamState> state_from(Kind kind, std::map<std::string, at::Tensor> tensors,
+                                                const at::Tensor& param, const std::string& where) {
+  std::set<std::string> allowed;
+  switch (kind) {
+    case Kind::Sgd: allowed = {"momentum_buffer"}; break;
+    case Kind::Adam:
+    case Kind::AdamW: allowed = {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; break;
+    case Kind::RmsProp: allowed = {"step", "square_avg", "momentum_buffer", "grad_avg"}; break;
+    case Kind::Adagrad: allowed = {"step", "sum"}; break;
+    case Kind::None: break;
+  }
+  int64_t step = 0;
+  for (auto& [key, t] : tensors) {
+    TANDEM_CHECK(allowed.count(key), where, ": '", key, "' is not part of a ", name_of(kind), " optimizer's state");
+    if (key == "step") {
+      TANDEM_CHECK(t.dim() == 0 && t.scalar_type() == at::kLong, where, ": step is ", c10::toString(t.scalar_type()),
+                   t.sizes(), ", not a 0-d int64");
+      step = t.item<int64_t>();
+      continue;
+    }
+    TANDEM_CHECK(t.sizes() == param.sizes() && t.scalar_type() == param.scalar_type(), where, ": '", key, "' is ",
+                 c10::toString(t.scalar_type()), t.sizes(), " but the parameter is ", c10::toString(param.scalar_type()),
+                 param.sizes());
+    t = t.to(param.device());
+  }
+  auto get = [&](const char* key) { return tensors.count(key) ? tensors.at(key) : at::Tensor(); };
+  switch (kind) {
+    case Kind::Sgd: {
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(get("momentum_buffer"));
+      return s;
+    }
+    case Kind::Adam: {
+      auto s = std::make_unique<torch::optim::AdamParamState>();
+      s->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq")).max_exp_avg_sq(get("max_exp_avg_sq"));
+      return s;
+    }
+    case Kind::AdamW: {
+      auto s = std::make_unique<torch::optim::AdamWParamState>();
+      s->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq")).max_exp_avg_sq(get("max_exp_avg_sq"));
+      return s;
+    }
+    case Kind::RmsProp: {
+      auto s = std::make_unique<torch::optim::RMSpropParamState>();
+      s->step(step).square_avg(get("square_avg")).momentum_buffer(get("momentum_buffer")).grad_avg(get("grad_avg"));
+      return s;
+    }
+    case Kind::Adagrad: {
+      auto s = std::make_unique<torch::optim::AdagradParamState>();
+      s->step(step).sum(get("sum"));
+      return s;
+    }
+    case Kind::None: break;
+  }
+  return nullptr;
+}
+
+const std::string& name_in(const ParamNames& names, const at::Tensor& param) {
+  auto it = names.find(param.unsafeGetTensorImpl());
+  TANDEM_CHECK(it != names.end(), "an optimizer parameter has no name (it belongs to no prepared model)");
+  return it->second;
+}
+
+}  // namespace
+
+std::string named_optimizer_type(const Optimizer& optimizer) { return name_of(kind_of(optimizer)); }
+
+json describe_optimizer(const Optimizer& optimizer, const std::vector<std::vector<at::Tensor>>& groups,
+                        const ParamNames& names) {
+  const Kind kind = kind_of(optimizer);
+  json out;
+  out["type"] = name_of(kind);
+  out["param_groups"] = json::array();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    json params = json::array();
+    for (const auto& p : groups[g]) params.push_back(name_in(names, p));
+    out["param_groups"].push_back(
+        {{"params", params}, {"options", options_of(kind, optimizer.param_groups().at(g).options())}});
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> named_state(const Optimizer& optimizer,
+                                                            const std::vector<at::Tensor>& params,
+                                                            const ParamNames& names) {
+  const Kind kind = kind_of(optimizer);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : params) {
+    auto it = optimizer.state().find(p.unsafeGetTensorImpl());
+    if (it == optimizer.state().end()) continue;
+    for (auto& [key, t] : tensors_of(kind, *it->second)) out.emplace_back(name_in(names, p) + "." + key, t);
+  }
+  return out;
+}
+
+StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std::vector<std::vector<at::Tensor>>& groups,
+                                           const ParamNames& names, const std::vector<at::Tensor>& held,
+                                           const json& description, const std::vector<std::string>& files,
+                                           const std::string& where) {
+  const Kind kind = kind_of(optimizer);
+  const std::string saved_type = description.value("type", "");
+  TANDEM_CHECK(saved_type == name_of(kind), where, " holds the state of ", saved_type.empty() ? "an unnamed" : "a ",
+               saved_type, " optimizer, this one is ", kind == Kind::None ? "of another type" : name_of(kind));
+  const auto& saved_groups = description.at("param_groups");
+  TANDEM_CHECK(saved_groups.size() == groups.size(), where, " holds ", saved_groups.size(),
+               " param group(s), this optimizer has ", groups.size());
+  StagedOptimizerState staged;
+  std::set<std::string> all;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto saved = saved_groups[g].at("params").get<std::vector<std::string>>();
+    std::vector<std::string> mine;
+    for (const auto& p : groups[g]) mine.push_back(name_in(names, p));
+    if (saved != mine) {
+      size_t i = 0;
+      while (i < saved.size() && i < mine.size() && saved[i] == mine[i]) ++i;
+      throw Error(message(where, ": param group ", g, " holds ", saved.size(), " parameters in the checkpoint and ",
+                          mine.size(), " here; the first difference is at position ", i, " ('",
+                          i < saved.size() ? saved[i] : "", "' there, '", i < mine.size() ? mine[i] : "",
+                          "' here): the checkpoint belongs to another model or optimizer"));
+    }
+    all.insert(mine.begin(), mine.end());
+    // Checked now on a copy, applied later.
+    auto copy = optimizer.param_groups()[g].options().clone();
+    try {
+      set_options(kind, *copy, saved_groups[g].at("options"));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(message(where, ": param group ", g, " has options that do not fit a ", name_of(kind),
+                          " optimizer (", e.what(), ")"));
+    }
+    staged.options.push_back(saved_groups[g].at("options"));
+  }
+  std::map<std::string, at::Tensor> held_by_name;
+  for (const auto& p : held) held_by_name.emplace(name_in(names, p), p);
+  std::map<std::string, std::map<std::string, at::Tensor>> found;
+  std::map<std::string, std::string> file_of;  // "<name>.<key>" -> the file that holds it
+  for (const auto& file : files) {
+    auto saved = load_safetensors(file);
+    for (auto& [full, tensor] : saved.tensors) {
+      const auto dot = full.rfind('.');
+      const std::string name = dot == std::string::npos ? full : full.substr(0, dot);
+      TANDEM_CHECK(dot != std::string::npos && all.count(name), where, ": ", file, " holds '", full,
+                   "', which names no parameter of this optimizer: a file of another checkpoint or model");
+      auto [it, fresh] = file_of.emplace(full, file);
+      TANDEM_CHECK(fresh, where, ": '", full, "' is in both ", it->second, " and ", file,
+                   ": the shards overlap (files of two checkpoints mixed?)");
+      if (held_by_name.count(name)) found[name][full.substr(dot + 1)] = std::move(tensor);
+    }
+  }
+  for (auto& [name, tensors] : found) {
+    const at::Tensor& param = held_by_name.at(name);
+    staged.states.emplace_back(param, state_from(kind, std::move(tensors), param, where + ": '" + name + "'"));
+  }
+  return staged;
+}
+
+void apply_optimizer_state(Optimizer& optimizer, const std::vector<at::Tensor>& held, StagedOptimizerState staged) {
+  const Kind kind = kind_of(optimizer);
+  for (size_t g = 0; g < staged.options.size(); ++g) set_options(kind, optimizer.param_groups()[g].options(), staged.options[g]);
+  for (const auto& p : held) optimizer.state().erase(p.unsafeGetTensorImpl());
+  for (auto& [param, state] : staged.states) optimizer.state()[param.unsafeGetTensorImpl()] = std::move(state);
+}
+
+}  // namespace tandem::accelerate

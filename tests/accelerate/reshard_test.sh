@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# reshard_test.sh TANDEM ACCELERATOR_TEST [PYTHON]: checkpoints at another world size, with and
+# without ZeRO (docs/checkpoints.md, "At another world size"). Jobs of 4 and 2 processes, ZeRO on
+# and off, train 5 batches of epoch 0 and save; from each checkpoint, jobs of 2, 3 and 1 processes,
+# ZeRO on and off, load it, save it again at once, and train the rest of epoch 0 and epoch 1.
+#   - the saved optimizer state does not depend on ZeRO: the consolidated files of the two saves
+#     at one world size are the same bytes (ZeRO-1 steps exactly as the whole optimizer);
+#   - what loads is what was saved, bit for bit: each re-save's weights and consolidated optimizer
+#     state are the same bytes as its source's, whatever the two world sizes and shardings;
+#   - every sample of epoch 0 is read exactly once across the two jobs, plus the padding the new
+#     world size needs (repeats of samples already read); epoch 1 is a whole epoch at the new size.
+set -eu
+tandem="$1"; binary="$2"; python="${3:-}"
+source "$(dirname "$0")/../support/logs.sh"
+scratch_dir work
+export RESHARD_K=5
+job() {  # job NAME NPROC ZERO PHASE [FROM]
+  RESHARD_OUT="$work/$1" RESHARD_ZERO="$3" RESHARD_PHASE="$4" RESHARD_FROM="${5:-}" RESHARD_TO="$work/$1.ckpt" \
+    timeout -k 5 120 "$tandem" run --nproc-per-node "$2" -- "$binary" --scenario=reshard >"$work/$1.log" 2>&1 ||
+    { echo "FAIL: job $1 ($2 processes, zero_stage $3, $4) failed (exit $?)"; exit 1; }
+  "$tandem" checkpoint consolidate "$work/$1.ckpt" --out "$work/$1.optimizer.safetensors" >/dev/null ||
+    { echo "FAIL: tandem checkpoint consolidate $1"; exit 1; }
+}
+newest() { ls -d "$1"/checkpoint_* | tail -1; }
+status=0
+fail() { echo "FAIL: $*"; status=1; }
+printf '%-14s %-14s %-4s %s\n' "saved by" "loaded by" "same" "samples"
+for w in 4 2; do
+  for z in 0 1; do job "save-w$w-z$z" "$w" "$z" save; done
+  cmp -s "$work/save-w$w-z0.optimizer.safetensors" "$work/save-w$w-z1.optimizer.safetensors" ||
+    fail "the optimizer state saved by $w processes differs with ZeRO and without"
+  for z in 0 1; do
+    src="save-w$w-z$z"
+    for w2 in 2 3 1; do
+      for z2 in 0 1; do
+        (( w2 == 1 && z2 == 1 )) && continue  # one process never shards
+        dst="load-w$w-z$z-to-w$w2-z$z2"
+        job "$dst" "$w2" "$z2" load "$(newest "$work/$src.ckpt")"
+        result=ok
+        cmp -s "$(newest "$work/$src.ckpt")/model_0.safetensors" "$(newest "$work/$dst.ckpt")/model_0.safetensors" ||
+          { fail "$dst: the weights after loading differ from the saved ones"; result=FAIL; }
+        cmp -s "$work/$src.optimizer.safetensors" "$work/$dst.optimizer.safetensors" ||
+          { fail "$dst: the optimizer state after loading differs from the saved one"; result=FAIL; }
+        # Samples: the save job's epoch 0, then the load job's; every id once, plus padding.
+        if ! samples=$(python3 - "$work/$src" "$w" "$work/$dst" "$w2" 2>&1 <<'PY'
+import collections, glob, math, sys
+def read(prefix):
+    by_epoch = collections.defaultdict(list)
+    for f in glob.glob(prefix + ".rank*"):
+        for line in open(f):
+            a, b = line.split()
+            if a != "loss":
+                by_epoch[int(a)].append(int(b))
+    return by_epoch
+before, after = read(sys.argv[1]), read(sys.argv[3])
+w2, n = int(sys.argv[4]), 100
+first = before[0]
+assert len(first) == len(set(first)), "the first job read a sample twice"
+left = n - len(first)
+rest = collections.Counter(after[0])
+missing = set(range(n)) - set(first) - set(rest)
+assert not missing, f"never read in epoch 0: {sorted(missing)[:10]}"
+unread = [i for i in range(n) if i not in set(first)]
+assert all(rest[i] == 1 for i in unread), "a sample left by the first job was read twice by the second"
+padding = math.ceil(left / w2) * w2 - left
+assert sum(rest.values()) - len(unread) == padding, f"{sum(rest.values()) - len(unread)} repeats, expected {padding} padding"
+assert set(rest) - set(unread) <= set(first), "padding that is not a repeat"
+whole = collections.Counter(after[1])
+assert set(whole) == set(range(n)) and sum(whole.values()) == math.ceil(n / w2) * w2, "epoch 1 is not a whole epoch"
+print(f"epoch 0: {len(first)} + {len(unread)} samples, {padding} padding")
+PY
+        ); then fail "$dst: the samples read: $samples"; result=FAIL; fi
+        printf '%-14s %-14s %-4s %s\n' "$w (zero $z)" "$w2 (zero $z2)" "$result" "$samples"
+      done
+    done
+  done
+done
+# The consolidated file is a plain safetensors file for Python: AdamW's state by parameter name.
+if [[ -n "$python" ]]; then
+  "$python" - "$work/save-w4-z1.optimizer.safetensors" <<'PY' || fail "python safetensors cannot read the consolidated file"
+import json, sys
+from safetensors import safe_open
+with safe_open(sys.argv[1], "pt") as f:
+    keys, meta = set(f.keys()), f.metadata()
+names = [p for g in json.loads(meta["param_groups"]) for p in g["params"]]
+assert meta["optimizer"] == "AdamW" and names == ["0.weight", "2.weight", "0.bias", "2.bias"], (meta, names)
+assert keys == {f"{p}.{k}" for p in names for k in ("step", "exp_avg", "exp_avg_sq")}, sorted(keys)
+print("python safetensors reads the consolidated AdamW state:", len(keys), "tensors")
+PY
+fi
+[[ $status -eq 0 ]] && echo "checkpoints load at every world size, sharded or not, bit for bit; every sample of the epoch read once"
+exit $status
