@@ -75,6 +75,14 @@ PY
     done
   done
 done
+# tandem checkpoint: what a sharded checkpoint holds; an optimizer it does not hold is refused.
+info=$("$tandem" checkpoint info "$work/save-w4-z1.ckpt")
+grep -q "optimizer 0  AdamW, sharded (ZeRO), 4 file(s): loads at any world size" <<<"$info" &&
+  grep -q "loader 0     epoch 0, 80 samples of it consumed" <<<"$info" || fail "tandem checkpoint info: $info"
+if refused=$("$tandem" checkpoint consolidate "$work/save-w4-z1.ckpt" --optimizer 1 --out "$work/never" 2>&1) ||
+   ! grep -q "holds 1 optimizer(s); there is no optimizer 1" <<<"$refused" || [[ -e "$work/never" ]]; then
+  fail "consolidate --optimizer 1: $refused"
+fi
 # The consolidated file is a plain safetensors file for Python: AdamW's state by parameter name.
 if [[ -n "$python" ]]; then
   "$python" - "$work/save-w4-z1.optimizer.safetensors" <<'PY' || fail "python safetensors cannot read the consolidated file"
