@@ -65,9 +65,9 @@ void Accelerator::initialize() {
   TANDEM_CHECK(options_.gradient_accumulation_steps() >= 1, "Accelerator: gradient_accumulation_steps must be >= 1 (got ",
                options_.gradient_accumulation_steps(), ")");
   TANDEM_CHECK(options_.collective_timeout().count() > 0, "Accelerator: collective_timeout must be positive");
-  TANDEM_CHECK(options_.zero_stage() == 0 || options_.zero_stage() == 1, "Accelerator: zero_stage ",
-               options_.zero_stage(), " is not available (0: plain DDP, 1: optimizer state sharded; stage 2, "
-               "gradients sharded too, is not built yet)");
+  TANDEM_CHECK(options_.zero_stage() >= 0 && options_.zero_stage() <= 2, "Accelerator: zero_stage ",
+               options_.zero_stage(), " is not available (0: plain DDP, 1: optimizer state sharded, 2: gradients "
+               "sharded too; fully sharded parameters are not built yet)");
   // Before any CUDA work: this rank's GPU becomes the current device (one per rank on a node).
   comm::bind_cuda_device(world_.local_rank);
   choose_strategy();
@@ -124,9 +124,35 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   // One process has nothing to shard: the optimizer stays whole (whatever the strategy, so that
   // its checkpoints load under Single and Ddp alike).
   const bool shard = options_.zero_stage() >= 1 && pg_ && pg_->size() > 1 && strategy_ == Strategy::Ddp;
-  auto sharded = shard ? std::make_unique<zero::ShardedOptimizer>(optimizer, pg_) : nullptr;  // may throw: nothing kept
+  std::unique_ptr<zero::ShardedOptimizer> sharded;  // may throw: nothing kept
+  std::unique_ptr<zero::GradientShardedOptimizer> flat;
+  if (shard && options_.zero_stage() == 1) sharded = std::make_unique<zero::ShardedOptimizer>(optimizer, pg_);
+  if (shard && options_.zero_stage() == 2) {
+    // ZeRO-2 shards in the reducer of the model whose parameters the optimizer holds.
+    ddp::Reducer* reducer = nullptr;
+    const void* first = optimizer.param_groups().empty() || optimizer.param_groups()[0].params().empty()
+                            ? nullptr
+                            : optimizer.param_groups()[0].params()[0].unsafeGetTensorImpl();
+    for (const auto& m : models_) {
+      if (!m.reducer) continue;
+      for (const auto& p : m.reducer->parameters()) {
+        if (p.unsafeGetTensorImpl() == first) reducer = m.reducer;
+      }
+    }
+    TANDEM_CHECK(reducer, "prepare_optimizer: zero_stage 2 shards gradients in the DDP of the model the optimizer "
+                          "trains: prepare that model (prepare_model) before its optimizer");
+    flat = std::make_unique<zero::GradientShardedOptimizer>(optimizer, *reducer, pg_);
+  }
   optimizers_.push_back(&optimizer);
   sharded_.push_back(std::move(sharded));
+  flat_.push_back(std::move(flat));
+}
+
+zero::GradientShardedOptimizer* Accelerator::flat_of(const torch::optim::Optimizer& optimizer) const {
+  for (size_t o = 0; o < optimizers_.size(); ++o) {
+    if (optimizers_[o] == &optimizer) return flat_[o].get();
+  }
+  return nullptr;
 }
 
 zero::ShardedOptimizer* Accelerator::sharded_of(const torch::optim::Optimizer& optimizer) const {
@@ -183,7 +209,8 @@ bool Accelerator::step(torch::optim::Optimizer& optimizer) {
   // The scaler (fp16) or a plain step; a sharded optimizer then hands every owner's update round.
   auto stepper = [this](torch::optim::Optimizer& o) { return amp::step_optimizer(o, scaler_.get()); };
   zero::ShardedOptimizer* sharded = sharded_of(optimizer);
-  const bool stepped = sharded ? sharded->step(stepper) : stepper(optimizer);
+  zero::GradientShardedOptimizer* flat = flat_of(optimizer);
+  const bool stepped = sharded ? sharded->step(stepper) : flat ? flat->step(stepper) : stepper(optimizer);
   if (scaler_) {
     // One update per iteration, once every prepared optimizer has stepped.
     bool all_stepped = true;
@@ -200,6 +227,8 @@ void Accelerator::zero_grad(torch::optim::Optimizer& optimizer) {
   if (!sync_gradients_) return;
   if (zero::ShardedOptimizer* sharded = sharded_of(optimizer)) {
     sharded->zero_grad();  // every parameter's, not only the ones this process owns
+  } else if (zero::GradientShardedOptimizer* flat = flat_of(optimizer)) {
+    flat->zero_grad();
   } else {
     optimizer.zero_grad();
   }
@@ -212,6 +241,17 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
     for (auto* optimizer : optimizers_) {
       if (scaler_->state_of(*optimizer) == amp::OptState::Ready) scaler_->unscale(*optimizer);
     }
+  }
+  std::vector<zero::GradientShardedOptimizer*> flat;
+  for (const auto& f : flat_) {
+    if (f) flat.push_back(f.get());
+  }
+  if (!flat.empty()) {
+    // Stage 2: the gradients are the shards (the parameters hold none); the norm is over all of them.
+    TANDEM_CHECK(flat.size() == 1, "clip_grad_norm: under zero_stage 2 with several optimizers the gradients of "
+                                   "each are sharded apart; clip with one prepared optimizer");
+    (void)parameters;
+    return flat.front()->clip_grad_norm(max_norm, norm_type);
   }
   std::vector<const zero::ShardedOptimizer*> sharded;
   for (const auto& s : sharded_) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 #include <torch/optim/optimizer.h>
@@ -149,6 +150,7 @@ std::vector<std::vector<std::pair<std::string, at::Tensor>>> Accelerator::model_
 
 std::vector<std::vector<at::Tensor>> Accelerator::optimizer_groups(size_t o) const {
   if (sharded_[o]) return sharded_[o]->all_params();
+  if (flat_[o]) return flat_[o]->all_params();
   std::vector<std::vector<at::Tensor>> groups;
   for (const auto& g : optimizers_[o]->param_groups()) groups.push_back(g.params());
   return groups;
@@ -177,13 +179,19 @@ std::string Accelerator::save_state(const std::string& root) {
   std::vector<accelerate::ParamNames> names(optimizers_.size());
   std::vector<bool> named(optimizers_.size());
   std::vector<std::vector<std::string>> shards(optimizers_.size());
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> whole_state(optimizers_.size());  // zero_stage 2
   for (size_t o = 0; o < optimizers_.size(); ++o) {
     auto& optimizer = *optimizers_[o];
     const auto groups = optimizer_groups(o);
     names[o] = names_for(models, groups);
     named[o] = !accelerate::named_optimizer_type(optimizer).empty();
     described[o] = named[o] ? accelerate::describe_optimizer(optimizer, groups, names[o]) : nlohmann::json{{"type", ""}};
-    if (sharded_[o]) {
+    if (flat_[o]) {
+      // Stage 2's shards are flat slices: gathered into whole tensors, written as a whole optimizer.
+      for (auto& [param, state] : flat_[o]->gather_state()) {
+        for (auto& [key, t] : state) whole_state[o].emplace_back(names[o].at(param.unsafeGetTensorImpl()) + "." + key, t);
+      }
+    } else if (sharded_[o]) {
       shards[o] = gather_bytes(*pg_, named[o] ? accelerate::safetensors_bytes(
                                                     accelerate::named_state(optimizer, held_parameters(o), names[o]),
                                                     {{"format", "pt"}})
@@ -213,7 +221,9 @@ std::string Accelerator::save_state(const std::string& root) {
           }
         } else {
           const auto file = optimizer_file(o, 0, false, named[o]);
-          if (named[o]) {
+          if (flat_[o]) {
+            accelerate::save_safetensors(writer.path_for(file), whole_state[o], {{"format", "pt"}});
+          } else if (named[o]) {
             accelerate::save_safetensors(writer.path_for(file),
                                          accelerate::named_state(*optimizers_[o], held_parameters(o), names[o]),
                                          {{"format", "pt"}});
@@ -386,6 +396,16 @@ void Accelerator::load_state(const std::string& path) {
     for (auto& [tensor, saved] : staged.weights) tensor.copy_(saved);
   }
   for (size_t o = 0; o < optimizers_.size(); ++o) {
+    if (flat_[o]) {  // stage 2: each rank's flat slices cut from the whole state
+      std::unordered_map<const void*, const torch::optim::OptimizerParamState*> by_param;
+      for (const auto& [param, state] : staged.named[o].states) by_param[param.unsafeGetTensorImpl()] = state.get();
+      accelerate::apply_optimizer_options(*optimizers_[o], staged.named[o].options);
+      flat_[o]->scatter_state([&](const at::Tensor& p) -> const torch::optim::OptimizerParamState* {
+        auto it = by_param.find(p.unsafeGetTensorImpl());
+        return it == by_param.end() ? nullptr : it->second;
+      });
+      continue;
+    }
     if (staged.archives[o].empty()) {
       accelerate::apply_optimizer_state(*optimizers_[o], held_parameters(o), std::move(staged.named[o]));
       continue;

@@ -10,6 +10,7 @@
 
 #include "tandem/accelerate/safetensors.h"
 #include "tandem/error.h"
+#include "tandem/zero/param_state.h"
 
 namespace tandem::accelerate {
 namespace {
@@ -19,28 +20,10 @@ using torch::optim::Optimizer;
 using torch::optim::OptimizerOptions;
 using torch::optim::OptimizerParamState;
 
-enum class Kind { None, Sgd, Adam, AdamW, RmsProp, Adagrad };
-
-Kind kind_of(const Optimizer& optimizer) {
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return Kind::Sgd;
-  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return Kind::Adam;
-  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return Kind::AdamW;
-  if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer)) return Kind::RmsProp;
-  if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer)) return Kind::Adagrad;
-  return Kind::None;
-}
-
-const char* name_of(Kind kind) {
-  switch (kind) {
-    case Kind::Sgd: return "SGD";
-    case Kind::Adam: return "Adam";
-    case Kind::AdamW: return "AdamW";
-    case Kind::RmsProp: return "RMSprop";
-    case Kind::Adagrad: return "Adagrad";
-    case Kind::None: break;
-  }
-  return "";
-}
+using zero::OptimizerKind;
+using zero::kind_of;
+using zero::name_of;
+using Kind = OptimizerKind;
 
 // ---- hyper-parameters, with PyTorch's param_groups names ----------------------------------------
 
@@ -130,114 +113,6 @@ void set_options(Kind kind, OptimizerOptions& options, const json& j) {
   }
 }
 
-// ---- per-parameter state -------------------------------------------------------------------------
-
-at::Tensor step_tensor(int64_t step) { return at::scalar_tensor(step, at::kLong); }
-
-void add(std::vector<std::pair<std::string, at::Tensor>>& out, const char* key, const at::Tensor& t) {
-  if (t.defined()) out.emplace_back(key, t);
-}
-
-std::vector<std::pair<std::string, at::Tensor>> tensors_of(Kind kind, const OptimizerParamState& state) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  switch (kind) {
-    case Kind::Sgd:
-      add(out, "momentum_buffer", static_cast<const torch::optim::SGDParamState&>(state).momentum_buffer());
-      break;
-    case Kind::Adam: {
-      const auto& s = static_cast<const torch::optim::AdamParamState&>(state);
-      out.emplace_back("step", step_tensor(s.step()));
-      add(out, "exp_avg", s.exp_avg());
-      add(out, "exp_avg_sq", s.exp_avg_sq());
-      add(out, "max_exp_avg_sq", s.max_exp_avg_sq());
-      break;
-    }
-    case Kind::AdamW: {
-      const auto& s = static_cast<const torch::optim::AdamWParamState&>(state);
-      out.emplace_back("step", step_tensor(s.step()));
-      add(out, "exp_avg", s.exp_avg());
-      add(out, "exp_avg_sq", s.exp_avg_sq());
-      add(out, "max_exp_avg_sq", s.max_exp_avg_sq());
-      break;
-    }
-    case Kind::RmsProp: {
-      const auto& s = static_cast<const torch::optim::RMSpropParamState&>(state);
-      out.emplace_back("step", step_tensor(s.step()));
-      add(out, "square_avg", s.square_avg());
-      add(out, "momentum_buffer", s.momentum_buffer());
-      add(out, "grad_avg", s.grad_avg());
-      break;
-    }
-    case Kind::Adagrad: {
-      const auto& s = static_cast<const torch::optim::AdagradParamState&>(state);
-      out.emplace_back("step", step_tensor(s.step()));
-      add(out, "sum", s.sum());
-      break;
-    }
-    case Kind::None: break;
-  }
-  return out;
-}
-
-// The saved tensors of one parameter, checked (keys of its type, buffers of the parameter's shape),
-// as a new state on the parameter's device.
-std::unique_ptr<OptimizerParamState> state_from(Kind kind, std::map<std::string, at::Tensor> tensors,
-                                                const at::Tensor& param, const std::string& where) {
-  std::set<std::string> allowed;
-  switch (kind) {
-    case Kind::Sgd: allowed = {"momentum_buffer"}; break;
-    case Kind::Adam:
-    case Kind::AdamW: allowed = {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; break;
-    case Kind::RmsProp: allowed = {"step", "square_avg", "momentum_buffer", "grad_avg"}; break;
-    case Kind::Adagrad: allowed = {"step", "sum"}; break;
-    case Kind::None: break;
-  }
-  int64_t step = 0;
-  for (auto& [key, t] : tensors) {
-    TANDEM_CHECK(allowed.count(key), where, ": '", key, "' is not part of a ", name_of(kind), " optimizer's state");
-    if (key == "step") {
-      TANDEM_CHECK(t.dim() == 0 && t.scalar_type() == at::kLong, where, ": step is ", c10::toString(t.scalar_type()),
-                   t.sizes(), ", not a 0-d int64");
-      step = t.item<int64_t>();
-      continue;
-    }
-    TANDEM_CHECK(t.sizes() == param.sizes() && t.scalar_type() == param.scalar_type(), where, ": '", key, "' is ",
-                 c10::toString(t.scalar_type()), t.sizes(), " but the parameter is ", c10::toString(param.scalar_type()),
-                 param.sizes());
-    t = t.to(param.device());
-  }
-  auto get = [&](const char* key) { return tensors.count(key) ? tensors.at(key) : at::Tensor(); };
-  switch (kind) {
-    case Kind::Sgd: {
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(get("momentum_buffer"));
-      return s;
-    }
-    case Kind::Adam: {
-      auto s = std::make_unique<torch::optim::AdamParamState>();
-      s->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq")).max_exp_avg_sq(get("max_exp_avg_sq"));
-      return s;
-    }
-    case Kind::AdamW: {
-      auto s = std::make_unique<torch::optim::AdamWParamState>();
-      s->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq")).max_exp_avg_sq(get("max_exp_avg_sq"));
-      return s;
-    }
-    case Kind::RmsProp: {
-      auto s = std::make_unique<torch::optim::RMSpropParamState>();
-      s->step(step).square_avg(get("square_avg")).momentum_buffer(get("momentum_buffer")).grad_avg(get("grad_avg"));
-      return s;
-    }
-    case Kind::Adagrad: {
-      auto s = std::make_unique<torch::optim::AdagradParamState>();
-      s->step(step).sum(get("sum"));
-      return s;
-    }
-    case Kind::None: break;
-  }
-  return nullptr;
-}
-
 const std::string& name_in(const ParamNames& names, const at::Tensor& param) {
   auto it = names.find(param.unsafeGetTensorImpl());
   TANDEM_CHECK(it != names.end(), "an optimizer parameter has no name (it belongs to no prepared model)");
@@ -271,7 +146,7 @@ std::vector<std::pair<std::string, at::Tensor>> named_state(const Optimizer& opt
   for (const auto& p : params) {
     auto it = optimizer.state().find(p.unsafeGetTensorImpl());
     if (it == optimizer.state().end()) continue;
-    for (auto& [key, t] : tensors_of(kind, *it->second)) out.emplace_back(name_in(names, p) + "." + key, t);
+    for (auto& [key, t] : zero::state_tensors(kind, *it->second)) out.emplace_back(name_in(names, p) + "." + key, t);
   }
   return out;
 }
@@ -331,14 +206,18 @@ StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std
   }
   for (auto& [name, tensors] : found) {
     const at::Tensor& param = held_by_name.at(name);
-    staged.states.emplace_back(param, state_from(kind, std::move(tensors), param, where + ": '" + name + "'"));
+    staged.states.emplace_back(param, zero::make_state(kind, std::move(tensors), param, where + ": '" + name + "'"));
   }
   return staged;
 }
 
-void apply_optimizer_state(Optimizer& optimizer, const std::vector<at::Tensor>& held, StagedOptimizerState staged) {
+void apply_optimizer_options(Optimizer& optimizer, const std::vector<json>& options) {
   const Kind kind = kind_of(optimizer);
-  for (size_t g = 0; g < staged.options.size(); ++g) set_options(kind, optimizer.param_groups()[g].options(), staged.options[g]);
+  for (size_t g = 0; g < options.size(); ++g) set_options(kind, optimizer.param_groups()[g].options(), options[g]);
+}
+
+void apply_optimizer_state(Optimizer& optimizer, const std::vector<at::Tensor>& held, StagedOptimizerState staged) {
+  apply_optimizer_options(optimizer, staged.options);
   for (const auto& p : held) optimizer.state().erase(p.unsafeGetTensorImpl());
   for (auto& [param, state] : staged.states) optimizer.state()[param.unsafeGetTensorImpl()] = std::move(state);
 }

@@ -62,6 +62,9 @@ StagedOptimizerState stage_optimizer_state(const torch::optim::Optimizer& optimi
                                            const nlohmann::json& description,
                                            const std::vector<std::string>& files, const std::string& where);
 
+/// Sets the groups' hyper-parameters (checked by stage_optimizer_state).
+void apply_optimizer_options(torch::optim::Optimizer& optimizer, const std::vector<nlohmann::json>& options);
+
 /// Sets the groups' hyper-parameters and replaces the state of every parameter in `held` (none
 /// for one the checkpoint holds no state for).
 void apply_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& held,

@@ -143,27 +143,83 @@ void Reducer::build_buckets(const BucketAssignment& assignment) {
 }
 
 void Reducer::allocate_buckets() {
+  if (sharded_) return;  // Note [Sharded gradients]: a bucket exists only while it is reduced
   at::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    allocate_contents(bucket);
+    for (size_t slot = 0; slot < bucket.parameters.size(); ++slot) {
+      auto& param = parameters_[bucket.parameters[slot]];
+      if (options_.gradient_as_bucket_view() && param.grad().defined()) {
+        bucket.views[slot].copy_(param.grad());
+        param.mutable_grad() = bucket.views[slot];
+      }
+    }
+  }
+}
+
+void Reducer::allocate_contents(Bucket& bucket) {
+  at::NoGradGuard no_grad;
+  int64_t total = 0;
+  for (auto i : bucket.parameters) total += parameters_[i].numel();
+  bucket.numel = total;
+  const auto options = parameters_[bucket.parameters.front()].options().requires_grad(false);
+  if (sharded_) {
+    // Every slot is written by its gradient (or zeroed) before the reduce-scatter; the padding is not.
+    bucket.contents = at::empty({bucket.padded}, options);
+    bucket.contents.narrow(0, total, bucket.padded - total).zero_();
+  } else {
+    bucket.contents = at::zeros({total}, options);
+  }
+  bucket.views.clear();
+  int64_t offset = 0;
+  for (auto i : bucket.parameters) {
+    auto& param = parameters_[i];
+    // An alias of the bucket's storage, not an autograd view: LibTorch's Optimizer::zero_grad
+    // calls detach_() on every gradient, which autograd refuses for views.
+    at::Tensor view = at::empty({0}, bucket.contents.options());
+    view.set_(bucket.contents.storage(), bucket.contents.storage_offset() + offset, param.sizes(),
+              c10::contiguous_strides(param.sizes()));
+    offset += param.numel();
+    bucket.views.push_back(view);
+  }
+}
+
+void Reducer::shard_gradients(const std::vector<std::vector<size_t>>& assignment) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TANDEM_CHECK(!configured_, "DDP: shard gradients (ZeRO-2) before the first forward");
+  TANDEM_CHECK(!comm_hook_, "DDP: sharded gradients (ZeRO-2) are reduce-scattered as they are; they cannot go "
+                            "through a communication hook");
+  TANDEM_CHECK(!options_.gradient_as_bucket_view(), "DDP: sharded gradients (ZeRO-2) keep no full-size gradient, so "
+                                                    "there is no bucket view to make them: turn gradient_as_bucket_view off");
+  TANDEM_CHECK(!options_.find_unused_parameters() && !options_.static_graph(),
+               "DDP: sharded gradients (ZeRO-2) do not support find_unused_parameters or static_graph yet");
+  std::vector<int> seen(parameters_.size(), 0);
+  BucketAssignment layout;
+  for (const auto& bucket : assignment) {
+    TANDEM_CHECK(!bucket.empty(), "DDP: shard_gradients: an empty bucket");
+    layout.buckets.emplace_back();
+    for (auto i : bucket) {
+      TANDEM_CHECK(i < parameters_.size() && seen[i]++ == 0, "DDP: shard_gradients: parameter ", i,
+                   " is out of range or in two buckets");
+      TANDEM_CHECK(parameters_[i].scalar_type() == parameters_[bucket.front()].scalar_type() &&
+                       parameters_[i].device() == parameters_[bucket.front()].device(),
+                   "DDP: shard_gradients: a bucket mixes dtypes or devices");
+      layout.buckets.back().push_back(static_cast<int64_t>(i));
+    }
+    layout.size_limits.push_back(0);
+  }
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    TANDEM_CHECK(seen[i] == 1, "DDP: shard_gradients: parameter ", i, " ('", names_[i], "') is in no bucket");
+  }
+  sharded_ = true;
+  build_buckets(layout);
+  const int64_t W = pg_->size();
   for (auto& bucket : buckets_) {
     int64_t total = 0;
     for (auto i : bucket.parameters) total += parameters_[i].numel();
-    bucket.contents = at::zeros({total}, parameters_[bucket.parameters.front()].options().requires_grad(false));
-    bucket.views.clear();
-    int64_t offset = 0;
-    for (auto i : bucket.parameters) {
-      auto& param = parameters_[i];
-      // An alias of the bucket's storage, not an autograd view: LibTorch's Optimizer::zero_grad
-      // calls detach_() on every gradient, which autograd refuses for views.
-      at::Tensor view = at::empty({0}, bucket.contents.options());
-      view.set_(bucket.contents.storage(), bucket.contents.storage_offset() + offset, param.sizes(),
-                c10::contiguous_strides(param.sizes()));
-      offset += param.numel();
-      bucket.views.push_back(view);
-      if (options_.gradient_as_bucket_view() && param.grad().defined()) {
-        view.copy_(param.grad());
-        param.mutable_grad() = view;
-      }
-    }
+    bucket.numel = total;
+    bucket.padded = (total + W - 1) / W * W;
+    bucket.shard = at::zeros({bucket.padded / W}, parameters_[bucket.parameters.front()].options().requires_grad(false));
   }
 }
 
@@ -179,7 +235,7 @@ void Reducer::prepare_for_forward(bool synced) {
   if (!configured_) {
     // Note [World of one]: decided once, at the first forward, when the hook is known.
     configured_ = true;
-    passthrough_ = pg_->size() == 1 && !comm_hook_;
+    passthrough_ = pg_->size() == 1 && !comm_hook_ && !sharded_;
     if (!passthrough_) allocate_buckets();
   }
   if (awaiting_backward_ && !backward_failed_) {
@@ -301,7 +357,19 @@ void Reducer::mark_ready(size_t index, bool produced) {
   Bucket& bucket = buckets_[b];
   if (produced) used_locally_[index] = 1;
   ready_[index] = true;
-  if (!passthrough_) {
+  if (sharded_) {
+    // Note [Sharded gradients]: into the bucket, pre-divided; the parameter keeps no gradient.
+    at::NoGradGuard no_grad;
+    if (!bucket.contents.defined()) allocate_contents(bucket);
+    at::Tensor& view = bucket.views[slot];
+    at::Tensor& grad = parameters_[index].mutable_grad();
+    if (grad.defined()) {
+      at::mul_out(view, grad, inverse_world_);
+      grad.reset();
+    } else {
+      view.zero_();
+    }
+  } else if (!passthrough_) {
     at::NoGradGuard no_grad;
     at::Tensor& view = bucket.views[slot];
     at::Tensor& grad = parameters_[index].mutable_grad();
@@ -335,7 +403,13 @@ void Reducer::launch_ready_buckets() {
 void Reducer::launch(size_t b) {
   if (passthrough_) return;
   Bucket& bucket = buckets_[b];
-  if (comm_hook_) {
+  if (sharded_) {
+    if (!bucket.contents.defined()) {  // a failed backward reached none of its parameters
+      allocate_contents(bucket);
+      bucket.contents.zero_();
+    }
+    bucket.reduction = start_presummed_reduce_scatter(*pg_, bucket.contents, bucket.shard);
+  } else if (comm_hook_) {
     GradBucket grad_bucket{b, bucket.contents, bucket.views, bucket.parameters, b + 1 == buckets_.size()};
     bucket.reduction = comm_hook_(grad_bucket);
   } else {
@@ -458,14 +532,14 @@ void Reducer::finalize_backward() {
     if (!bucket.reduction) continue;
     try {
       at::Tensor result = bucket.reduction->wait();
-      if (!result.is_same(bucket.contents)) bucket.contents.copy_(result);
+      if (!sharded_ && !result.is_same(bucket.contents)) bucket.contents.copy_(result);
     } catch (const std::exception& e) {
       if (failure.empty()) failure = one_line(e);
     }
   }
   TANDEM_CHECK(failure.empty(), failure);
   const std::vector<bool> used_globally = global_use();
-  for (size_t i = 0; i < parameters_.size() && !passthrough_; ++i) {
+  for (size_t i = 0; i < parameters_.size() && !passthrough_ && !sharded_; ++i) {
     auto [b, slot] = locator_[i];
     const at::Tensor& view = buckets_[b].views[slot];
     if (!used_globally[i]) {
@@ -489,7 +563,10 @@ void Reducer::shadow_iteration() {
   at::NoGradGuard no_grad;
   ScopeExit clean([this] { reset_iteration(); });
   TANDEM_CHECK(configured_ && !passthrough_, "DDP: shadow_iteration() needs a configured reducer in a world of several");
-  for (auto& bucket : buckets_) bucket.contents.zero_();
+  for (auto& bucket : buckets_) {
+    if (!bucket.contents.defined()) allocate_contents(bucket);
+    bucket.contents.zero_();
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     buckets_[b].pending = 0;
     launch(b);
@@ -519,7 +596,7 @@ std::vector<bool> Reducer::global_use() {
 }
 
 void Reducer::end_iteration_bookkeeping() {
-  const bool rebuild_allowed = !options_.find_unused_parameters() || options_.static_graph();
+  const bool rebuild_allowed = (!options_.find_unused_parameters() || options_.static_graph()) && !sharded_;
   if (rebuild_allowed && iteration_ == 0) rebuild_pending_ = true;  // once: after the first iteration
   ++iteration_;
 }
@@ -536,6 +613,10 @@ void Reducer::reset_iteration() {
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.parameters.size();
     bucket.reduction.reset();
+    if (sharded_) {  // Note [Sharded gradients]: the full-size bucket goes once reduced
+      bucket.contents.reset();
+      bucket.views.clear();
+    }
   }
 }
 

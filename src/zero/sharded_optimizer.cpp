@@ -4,6 +4,7 @@
 
 #include "tandem/error.h"
 #include "tandem/zero/partition.h"
+#include "zero/agreed_step.h"
 
 namespace tandem::zero {
 
@@ -32,6 +33,27 @@ bool same_tensors(const std::vector<at::Tensor>& a, const std::vector<at::Tensor
 }
 
 }  // namespace
+
+bool agreed_step(comm::ProcessGroup& pg, const std::function<bool()>& step) {
+  // Every rank must step, or skip, alike: the exchange after it is collective. A step that
+  // throws or disagrees (a GradScaler without the process group) fails on every rank, not hangs.
+  int status = 0;  // 1 stepped, 0 skipped, -1 failed
+  std::string failure;
+  try {
+    status = step() ? 1 : 0;
+  } catch (const std::exception& e) {
+    status = -1;
+    failure = one_line(e);
+  }
+  at::Tensor agreed = at::tensor({static_cast<double>(status), -static_cast<double>(status)}, at::kDouble);
+  pg.all_reduce(agreed, comm::ReduceOp::Max);
+  const int most = static_cast<int>(agreed[0].item<double>()), least = -static_cast<int>(agreed[1].item<double>());
+  TANDEM_CHECK(least >= 0, "ZeRO: ", failure.empty() ? "another rank's optimizer step failed (its log says why)" : failure);
+  TANDEM_CHECK(most == least,
+               "ZeRO: the ranks disagree on whether to step (some stepped, some skipped): a GradScaler "
+               "must check for inf/NaN across ranks (build it with the process group, as the Accelerator does)");
+  return status == 1;
+}
 
 ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<comm::ProcessGroup> pg)
     : optimizer_(optimizer), pg_(std::move(pg)) {
@@ -88,33 +110,18 @@ bool ShardedOptimizer::step(const std::function<bool(torch::optim::Optimizer&)>&
                    "dense gradients only: use a dense embedding");
     }
   }
-  // Every rank must step, or skip, alike: the exchange after it is collective. A stepper that
-  // throws or disagrees (a GradScaler without the process group) fails on every rank, not hangs.
-  int status = 0;  // 1 stepped, 0 skipped, -1 failed
-  std::string failure;
-  try {
+  const bool stepped = agreed_step(*pg_, [&] {
     at::NoGradGuard no_grad;
-    status = stepper(optimizer_) ? 1 : 0;
-  } catch (const std::exception& e) {
-    status = -1;
-    failure = one_line(e);
-  }
-  at::Tensor agreed = at::tensor({static_cast<double>(status), -static_cast<double>(status)}, at::kDouble);
-  pg_->all_reduce(agreed, comm::ReduceOp::Max);
-  const int most = static_cast<int>(agreed[0].item<double>()), least = -static_cast<int>(agreed[1].item<double>());
-  TANDEM_CHECK(least >= 0, "ShardedOptimizer: ",
-               failure.empty() ? "another rank's optimizer step failed (its log says why)" : failure);
-  TANDEM_CHECK(most == least,
-               "ShardedOptimizer: the ranks disagree on whether to step (some stepped, some skipped): a GradScaler "
-               "must check for inf/NaN across ranks (build it with the process group, as the Accelerator does)");
-  if (status == 1) sync_parameters();
+    return stepper(optimizer_);
+  });
+  if (stepped) sync_parameters();
   at::NoGradGuard no_grad;
   for (size_t g = 0; g < all_.size(); ++g) {
     for (size_t i = 0; i < all_[g].size(); ++i) {
       if (owners_[g][i] != pg_->rank()) all_[g][i].mutable_grad().reset();
     }
   }
-  return status == 1;
+  return stepped;
 }
 
 void ShardedOptimizer::sync_parameters() {

@@ -38,6 +38,7 @@
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/world.h"
+#include "tandem/zero/gradient_sharded_optimizer.h"
 #include "tandem/zero/sharded_optimizer.h"
 
 namespace torch::optim {
@@ -112,7 +113,8 @@ class Accelerator {
   PreparedModel<ModuleHolder> prepare_model(ModuleHolder module);
   /// Registers an optimizer for clip_grad_norm's unscaling and for save_state/load_state; with
   /// zero_stage(1) over several processes, shards it (each process then keeps state for, and
-  /// steps, its share of the parameters: step() and zero_grad() go through the Accelerator).
+  /// steps, its share of the parameters: step() and zero_grad() go through the Accelerator);
+  /// with zero_stage(2), its model's gradients too (prepare the model first).
   void prepare_optimizer(torch::optim::Optimizer& optimizer);
   /// A LibTorch dataset read in batches of `batch_size` per process, sharded and reshuffled per
   /// epoch (Note [Loader position]); batches are moved to device() by the caller's forward.
@@ -214,6 +216,7 @@ class Accelerator {
   friend class MainProcessFirst;
   struct ModelEntry {
     std::function<std::vector<std::pair<std::string, at::Tensor>>()> state;  // names -> tensors
+    ddp::Reducer* reducer = nullptr;  // its DDP's, under Strategy::Ddp
   };
   struct LoaderEntry {
     std::function<std::pair<int64_t, int64_t>()> position;  // (epoch, samples_done)
@@ -228,6 +231,7 @@ class Accelerator {
   std::pair<int64_t, int64_t> share_of(int64_t n) const;
   data::DistributedSamplerOptions sampler_options(bool shuffle) const;
   zero::ShardedOptimizer* sharded_of(const torch::optim::Optimizer& optimizer) const;
+  zero::GradientShardedOptimizer* flat_of(const torch::optim::Optimizer& optimizer) const;
   // Checkpoints (accelerator_state.cpp): each prepared model's named tensors, optimizer o's param
   // groups (every parameter, also those other ranks own) and the parameters whose state it holds.
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> model_tensors() const;
@@ -245,6 +249,7 @@ class Accelerator {
   std::unique_ptr<amp::GradScaler> scaler_;
   std::vector<torch::optim::Optimizer*> optimizers_;
   std::vector<std::unique_ptr<zero::ShardedOptimizer>> sharded_;  // per optimizer; null: whole
+  std::vector<std::unique_ptr<zero::GradientShardedOptimizer>> flat_;  // per optimizer, zero_stage 2
   std::vector<ModelEntry> models_;
   std::vector<LoaderEntry> loaders_;
   std::vector<std::tuple<std::string, std::function<std::string()>, std::function<void(const std::string&)>>> custom_;
@@ -277,13 +282,15 @@ PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
     autocast = typename Impl::Autocast{device_.type(),
                                        options_.mixed_precision() == Precision::Fp16 ? at::kHalf : at::kBFloat16};
   }
+  ddp::Reducer* reducer = ddp ? &(*ddp)->reducer() : nullptr;  // before the holder moves
   PreparedModel<ModuleHolder> prepared(std::make_shared<Impl>(module, std::move(ddp), std::move(dp), autocast));
   models_.push_back(ModelEntry{[module]() {
-    std::vector<std::pair<std::string, at::Tensor>> state;
-    for (const auto& item : module->named_parameters(true)) state.emplace_back(item.key(), item.value());
-    for (const auto& item : module->named_buffers(true)) state.emplace_back(item.key(), item.value());
-    return state;
-  }});
+                                  std::vector<std::pair<std::string, at::Tensor>> state;
+                                  for (const auto& item : module->named_parameters(true)) state.emplace_back(item.key(), item.value());
+                                  for (const auto& item : module->named_buffers(true)) state.emplace_back(item.key(), item.value());
+                                  return state;
+                                },
+                                reducer});
   return prepared;
 }
 

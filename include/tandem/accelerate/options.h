@@ -70,8 +70,8 @@ struct AcceleratorOptions {
   /// Show a progress line on the main process while iterating a prepared loader.
   TORCH_ARG(bool, progress) = true;
   /// ZeRO stage, DeepSpeed's numbering: 0, plain DDP; 1, each process keeps the optimizer state
-  /// of its share of the parameters only (tandem::zero::ShardedOptimizer, docs/guide-zero.md).
-  /// Stage 2 (gradients sharded too) is not built yet. Stage 1 shards across processes:
+  /// of its share of the parameters only (tandem::zero::ShardedOptimizer, docs/guide-zero.md);
+  /// 2, the gradients too (tandem::zero::GradientShardedOptimizer). Both shard across processes:
   /// DataParallel (Strategy::DataParallel, or Auto in one process with several GPUs) is refused,
   /// and a job of one process has nothing to shard and runs unsharded.
   TORCH_ARG(int, zero_stage) = 0;

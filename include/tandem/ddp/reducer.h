@@ -24,6 +24,23 @@
 //   are the average, so no bucket is allocated and no gradient is copied (Note [World of one]).
 // - The destructor removes the hooks.
 //
+// Note [Sharded gradients] (ZeRO-2)
+// After shard_gradients(assignment), the reducer keeps only this rank's share of the averaged
+// gradient:
+// - a bucket's flat layout is its parameters back to back, zero-padded to a multiple of the world
+//   size W; rank r owns elements [r*m, (r+1)*m), m = padded / W;
+// - the hook copies a gradient (times 1/W) into the bucket and drops the parameter's .grad, so
+//   the full-size gradient lives only in the buckets, which exist from a bucket's first gradient
+//   of a backward until its reduce-scatter is done (no bucket is kept between iterations);
+// - a full bucket is reduce-scattered (SUM) instead of all-reduced, still while backward runs,
+//   into gradient_shard(b), which the next synced backward overwrites;
+// - no .grad is written back: the sharded optimizer steps the shards (zero/gradient_sharded_optimizer.h);
+// - the buckets are the assignment given, never rebuilt (the optimizer's state lives in their
+//   layout); communication hooks, gradient_as_bucket_view, find_unused_parameters and
+//   static_graph are refused;
+// - under no_sync the hooks do nothing, so gradients accumulate whole in .grad as in plain DDP;
+//   the synced backward then moves the accumulated sum into the bucket.
+//
 // Note [Failed backward]
 // When backward raises (a module's backward, a communication hook, a failed collective), the
 // autograd engine drops its queued callbacks: the end-of-backward callback never runs. The
@@ -57,6 +74,9 @@ namespace tandem::ddp {
 struct Bucket {
   std::vector<size_t> parameters;   // indices into the reducer's parameter list
   at::Tensor contents;              // flat buffer (undefined at a world of one without hook)
+  int64_t numel = 0;                // of its parameters
+  int64_t padded = 0;               // numel rounded up to a multiple of the world size (sharded)
+  at::Tensor shard;                 // this rank's averaged slice (Note [Sharded gradients])
   std::vector<at::Tensor> views;    // one per parameter, shaped like it
   int64_t size_limit = 0;
   size_t pending = 0;               // slots not yet filled in this backward
@@ -81,6 +101,15 @@ class Reducer {
                             const std::string& output_type);
 
   void register_comm_hook(CommHook hook);
+
+  /// Note [Sharded gradients]: ZeRO-2 from the next backward on. `assignment` lists each bucket's
+  /// parameter indices (every parameter once, one dtype and device per bucket), in launch order.
+  /// Before the first forward; throws tandem::Error for the options it cannot work with.
+  void shard_gradients(const std::vector<std::vector<size_t>>& assignment);
+  bool shards_gradients() const { return sharded_; }
+  const DistributedDataParallelOptions& options() const { return options_; }
+  /// This rank's averaged slice of bucket `b` after the last synced backward (Note [Sharded gradients]).
+  const at::Tensor& gradient_shard(size_t b) const { return buckets_.at(b).shard; }
 
   /// Note [Join]: this rank has no data left; issue this iteration's collectives with a zero
   /// contribution so that the ranks still training complete theirs. Leaves .grad alone except
@@ -107,6 +136,7 @@ class Reducer {
 
   void build_buckets(const BucketAssignment& assignment);
   void allocate_buckets();
+  void allocate_contents(Bucket& bucket);
   void start_backward_locked();
   void mark_ready(size_t index, bool produced);
   void launch_ready_buckets();
@@ -135,6 +165,7 @@ class Reducer {
   at::Tensor inverse_world_;         // 1/world_size as a wrapped CPU scalar: no allocation per gradient
   bool passthrough_ = false;         // world of one, no hook: nothing to copy or exchange
   bool configured_ = false;          // decided at the first forward (hooks are registered before it)
+  bool sharded_ = false;             // Note [Sharded gradients]
 
   std::mutex mutex_;
   bool expect_hooks_ = false;        // armed by a synced forward

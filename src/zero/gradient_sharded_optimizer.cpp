@@ -1,0 +1,273 @@
+#include "tandem/zero/gradient_sharded_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <unordered_map>
+
+#include "tandem/ddp/options.h"
+#include "tandem/error.h"
+#include "zero/agreed_step.h"
+
+namespace tandem::zero {
+namespace {
+
+// Note [Flat shards]: DDP's walk (reverse registration order, Note [Bucket assignment]) with one
+// open bucket per param group; a bucket closes when it reaches its group's current size limit
+// (the last limit repeats) and the buckets are launched in the order they closed, then the open
+// ones in the order their groups were first met.
+std::vector<std::vector<size_t>> buckets_by_group(const std::vector<at::Tensor>& params, const std::vector<size_t>& group_of,
+                                                  const std::vector<int64_t>& limits) {
+  std::vector<std::vector<size_t>> closed;
+  std::map<size_t, std::vector<size_t>> open;
+  std::map<size_t, int64_t> bytes;
+  std::map<size_t, size_t> limit_index;
+  std::vector<size_t> first_seen;
+  for (size_t i = params.size(); i-- > 0;) {
+    const size_t g = group_of[i];
+    if (!open.count(g)) first_seen.push_back(g);
+    open[g].push_back(i);
+    bytes[g] += static_cast<int64_t>(params[i].numel() * params[i].element_size());
+    const int64_t limit = limits[std::min(limit_index[g], limits.size() - 1)];
+    if (bytes[g] >= limit) {
+      closed.push_back(std::move(open[g]));
+      open[g].clear();
+      bytes[g] = 0;
+      ++limit_index[g];
+    }
+  }
+  for (size_t g : first_seen) {
+    if (!open[g].empty()) closed.push_back(std::move(open[g]));
+  }
+  return closed;
+}
+
+}  // namespace
+
+GradientShardedOptimizer::GradientShardedOptimizer(torch::optim::Optimizer& optimizer, ddp::Reducer& reducer,
+                                                   std::shared_ptr<comm::ProcessGroup> pg)
+    : optimizer_(optimizer), reducer_(reducer), pg_(std::move(pg)), kind_(kind_of(optimizer)) {
+  TANDEM_CHECK(pg_, "ZeRO-2: no process group");
+  TANDEM_CHECK(kind_ != OptimizerKind::None,
+               "ZeRO-2: this optimizer type is not one ZeRO-2 can step in flat slices (a step that is exact "
+               "element by element): use SGD, Adam, AdamW, RMSprop or Adagrad, or zero_stage 1");
+  params_ = reducer.parameters();
+  std::unordered_map<const void*, size_t> index_of;
+  for (size_t i = 0; i < params_.size(); ++i) index_of[params_[i].unsafeGetTensorImpl()] = i;
+  std::vector<size_t> group_of(params_.size(), std::numeric_limits<size_t>::max());
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    all_.push_back(optimizer.param_groups()[g].params());
+    for (const auto& p : all_.back()) {
+      auto it = index_of.find(p.unsafeGetTensorImpl());
+      TANDEM_CHECK(it != index_of.end(), "ZeRO-2: a parameter of param group ", g,
+                   " is not one the DDP model reduces (frozen, or of another model)");
+      TANDEM_CHECK(group_of[it->second] == std::numeric_limits<size_t>::max(), "ZeRO-2: a parameter is in two param groups");
+      group_of[it->second] = g;
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    TANDEM_CHECK(group_of[i] != std::numeric_limits<size_t>::max(), "ZeRO-2: the model's parameter ", i,
+                 " is in no param group of the optimizer; ZeRO-2 needs the optimizer to own every parameter DDP reduces");
+    TANDEM_CHECK(params_[i].is_floating_point(), "ZeRO-2: parameter ", i, " is not floating point");
+  }
+  const auto layout = buckets_by_group(params_, group_of, ddp::bucket_size_limits(reducer.options()));
+  reducer.shard_gradients(layout);
+
+  const int64_t W = pg_->size(), r = pg_->rank();
+  shards_.resize(all_.size());
+  for (const auto& members : layout) {
+    FlatBucket b;
+    b.group = group_of[members.front()];
+    b.params = members;
+    int64_t offset = 0;
+    for (auto i : members) {
+      b.offsets.push_back(offset);
+      offset += params_[i].numel();
+    }
+    b.padded = (offset + W - 1) / W * W;
+    b.per_rank = b.padded / W;
+    const int64_t begin = r * b.per_rank, end = begin + b.per_rank;
+    for (size_t k = 0; k < members.size(); ++k) {
+      const int64_t lo = std::max(begin, b.offsets[k]), hi = std::min(end, b.offsets[k] + params_[members[k]].numel());
+      if (lo < hi) b.mine.push_back(Piece{members[k], lo - b.offsets[k], lo - begin, hi - lo});
+    }
+    b.shard = at::zeros({b.per_rank}, params_[members.front()].options()).requires_grad_(true);
+    shards_[b.group].push_back(b.shard);
+    buckets_.push_back(std::move(b));
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].shard.mutable_grad() = reducer.gradient_shard(b);
+  optimizer.state().clear();  // state of the parameters themselves (Adagrad's, or earlier steps')
+  for (size_t g = 0; g < all_.size(); ++g) {
+    optimizer.param_groups()[g].params() = shards_[g];
+    for (const auto& shard : shards_[g]) {
+      if (auto s = initial_state(kind_, optimizer.param_groups()[g].options(), shard)) {
+        optimizer.state()[shard.unsafeGetTensorImpl()] = std::move(s);
+      }
+    }
+  }
+}
+
+void GradientShardedOptimizer::check_unchanged() const {
+  const auto& groups = optimizer_.param_groups();
+  bool same = groups.size() == shards_.size();
+  for (size_t g = 0; same && g < shards_.size(); ++g) {
+    same = groups[g].params().size() == shards_[g].size();
+    for (size_t i = 0; same && i < shards_[g].size(); ++i) same = groups[g].params()[i].is_same(shards_[g][i]);
+  }
+  TANDEM_CHECK(same, "ZeRO-2: the optimizer's param groups changed after it was sharded (a group or a parameter added "
+                     "or removed); build a new GradientShardedOptimizer over the changed optimizer");
+}
+
+void GradientShardedOptimizer::step() {
+  step([](torch::optim::Optimizer& o) {
+    o.step();
+    return true;
+  });
+}
+
+bool GradientShardedOptimizer::step(const std::function<bool(torch::optim::Optimizer&)>& stepper) {
+  check_unchanged();
+  {
+    at::NoGradGuard no_grad;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      auto& bucket = buckets_[b];
+      for (const auto& piece : bucket.mine) {
+        bucket.shard.narrow(0, piece.shard_offset, piece.length)
+            .copy_(params_[piece.param].view(-1).narrow(0, piece.param_offset, piece.length));
+      }
+      bucket.shard.mutable_grad() = reducer_.gradient_shard(b);
+    }
+  }
+  const bool stepped = agreed_step(*pg_, [&] {
+    at::NoGradGuard no_grad;
+    return stepper(optimizer_);
+  });
+  if (stepped) gather_parameters();
+  return stepped;
+}
+
+void GradientShardedOptimizer::gather_parameters() {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> whole;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (auto& bucket : buckets_) {
+    whole.push_back(at::empty({bucket.padded}, bucket.shard.options().requires_grad(false)));
+    at::Tensor mine = bucket.shard.detach();
+    works.push_back(pg_->all_gather_into_async(whole.back(), mine));
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pg_->wait(works[b], "ZeRO-2 parameter all_gather");
+    const auto& bucket = buckets_[b];
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      auto& param = params_[bucket.params[k]];
+      param.view(-1).copy_(whole[b].narrow(0, bucket.offsets[k], param.numel()));
+    }
+    whole[b].reset();
+  }
+}
+
+void GradientShardedOptimizer::zero_grad() {
+  // The shards' gradients stay the reducer's tensors (a GradScaler unscales them before step()).
+  at::NoGradGuard no_grad;
+  for (size_t b = 0; b < buckets_.size(); ++b) reducer_.gradient_shard(b).zero_();
+  for (auto& p : params_) p.mutable_grad().reset();
+}
+
+double GradientShardedOptimizer::clip_grad_norm(double max_norm, double norm_type) {
+  at::NoGradGuard no_grad;
+  const bool inf = std::isinf(norm_type);
+  double local = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const at::Tensor& g = reducer_.gradient_shard(b);
+    if (inf) {
+      local = std::max(local, g.abs().max().item<double>());
+    } else {
+      local += g.to(at::kDouble).abs().pow(norm_type).sum().item<double>();
+    }
+  }
+  at::Tensor total = at::full({1}, local, at::kDouble);
+  pg_->all_reduce(total, inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum);
+  const double norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / norm_type);
+  // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, every gradient multiplied.
+  const float coef = static_cast<float>(std::min(1.0, max_norm / (static_cast<double>(static_cast<float>(norm)) + 1e-6)));
+  for (size_t b = 0; b < buckets_.size(); ++b) reducer_.gradient_shard(b).mul_(coef);
+  return static_cast<float>(norm);
+}
+
+int64_t GradientShardedOptimizer::shard_numel() const {
+  int64_t n = 0;
+  for (const auto& b : buckets_) n += b.per_rank;
+  return n;
+}
+
+std::vector<std::pair<at::Tensor, std::vector<std::pair<std::string, at::Tensor>>>>
+GradientShardedOptimizer::gather_state() {
+  at::NoGradGuard no_grad;
+  std::vector<std::pair<at::Tensor, std::vector<std::pair<std::string, at::Tensor>>>> out;
+  for (auto& bucket : buckets_) {
+    auto it = optimizer_.state().find(bucket.shard.unsafeGetTensorImpl());
+    if (it == optimizer_.state().end()) continue;  // the same on every rank: they step together
+    std::vector<std::pair<std::string, at::Tensor>> per_param_keys;
+    std::vector<std::vector<std::pair<std::string, at::Tensor>>> per_param(bucket.params.size());
+    for (auto& [key, t] : state_tensors(kind_, *it->second)) {
+      if (t.dim() == 0) {  // step: one for the whole shard
+        for (auto& p : per_param) p.emplace_back(key, t.clone());
+        continue;
+      }
+      at::Tensor whole = at::empty({bucket.padded}, t.options());
+      at::Tensor mine = t.contiguous();
+      pg_->all_gather_into(whole, mine);
+      for (size_t k = 0; k < bucket.params.size(); ++k) {
+        const auto& param = params_[bucket.params[k]];
+        per_param[k].emplace_back(key, whole.narrow(0, bucket.offsets[k], param.numel()).view(param.sizes()).clone());
+      }
+    }
+    for (size_t k = 0; k < bucket.params.size(); ++k) out.emplace_back(params_[bucket.params[k]], std::move(per_param[k]));
+  }
+  return out;
+}
+
+void GradientShardedOptimizer::scatter_state(
+    const std::function<const torch::optim::OptimizerParamState*(const at::Tensor&)>& state_of) {
+  at::NoGradGuard no_grad;
+  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> built(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    auto& bucket = buckets_[b];
+    size_t with_state = 0;
+    std::map<std::string, at::Tensor> slices;
+    std::string step_of_first;
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const auto* state = state_of(params_[bucket.params[k]]);
+      if (!state) continue;
+      ++with_state;
+      for (auto& [key, t] : state_tensors(kind_, *state)) {
+        if (t.dim() == 0) {
+          const std::string value = std::to_string(t.item<int64_t>());
+          TANDEM_CHECK(step_of_first.empty() || step_of_first == value, "ZeRO-2: the parameters of one bucket have "
+                       "different step counts (", step_of_first, " and ", value, "); a flat shard has one");
+          step_of_first = value;
+          slices[key] = t;
+          continue;
+        }
+        auto& slice = slices[key];
+        if (!slice.defined()) slice = at::zeros({bucket.per_rank}, t.options());
+        at::Tensor flat = t.reshape({-1});
+        for (const auto& piece : bucket.mine) {
+          if (piece.param != bucket.params[k]) continue;
+          slice.narrow(0, piece.shard_offset, piece.length).copy_(flat.narrow(0, piece.param_offset, piece.length));
+        }
+      }
+    }
+    TANDEM_CHECK(with_state == 0 || with_state == bucket.params.size(), "ZeRO-2: ", with_state, " of the ",
+                 bucket.params.size(), " parameters of one bucket have optimizer state; a flat shard needs all or none");
+    if (with_state > 0) built[b] = make_state(kind_, std::move(slices), bucket.shard, "ZeRO-2: scatter_state");
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const void* key = buckets_[b].shard.unsafeGetTensorImpl();
+    optimizer_.state().erase(const_cast<void*>(key));
+    if (built[b]) optimizer_.state()[const_cast<void*>(key)] = std::move(built[b]);
+  }
+}
+
+}  // namespace tandem::zero
