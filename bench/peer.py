@@ -31,6 +31,7 @@ STRATEGIES = {
     "ddp": ("ranks", True),
     "accelerate": ("ranks", True),
     "zero1": ("ranks", True),
+    "zero2": ("ranks", False),
     "dp": ("replicas", True),
     "ddp-no-sync": ("ranks", True),
     "allreduce": ("ranks", False),

@@ -5,14 +5,17 @@
 //   tandem-bench-worker --model small|medium|large --scale tiny|cpu|full --strategy S
 //                       [--batch-size B] [--steps N] [--warmup K] [--min-seconds S] [--threads T]
 //                       [--precision fp32|bf16|fp16] [--device cpu|cuda] [--replicas R]
-//                       [--sweep-min-bytes N] [--sweep-max-bytes N] [--out FILE]
+//                       [--sweep-min-bytes N] [--sweep-max-bytes N]
+//                       [--sweep-collective all_reduce|reduce_scatter|all_gather] [--out FILE]
 //
 // Strategies: single (plain loop, world 1), ddp (DistributedDataParallel, synced every step),
-// ddp-no-sync (DDP with every step under no_sync: compute without communication), accelerate
+// ddp-no-sync (DDP with every step under no_sync: compute without communication), zero1, zero2
+// (DDP with ZeRO-1 or ZeRO-2 over the same SGD), accelerate
 // (tandem::Accelerator, strategy Ddp), dp-replicate / dp-persistent (tandem::dp::DataParallel
 // over R replicas in one process), allreduce (the model's gradient bytes all-reduced through the
 // process group, in DDP's bucket layout and flat), sweep (all_reduce of float32 buffers from
-// --sweep-min-bytes, 4 KiB by default, x4 apart up to --sweep-max-bytes, 64 MiB by default).
+// --sweep-min-bytes, 4 KiB by default, x4 apart up to --sweep-max-bytes, 64 MiB by default; by
+// hand, --sweep-collective times ZeRO's reduce-scatter or all-gather of such a buffer instead).
 // `dp` (torch.nn.DataParallel) is the peer's alone. The values and what each is (one process or
 // ranks, precisions, memory counting) come from the strategy table, src/bench/strategies.h;
 // --list-strategies prints it. The CPU collectives run on the backend
@@ -54,6 +57,7 @@
 #include "tandem/error.h"
 #include "tandem/host_allocator.h"
 #include "tandem/version.h"
+#include "tandem/zero/gradient_sharded_optimizer.h"
 #include "tandem/zero/sharded_optimizer.h"
 #include "tandem/zero/state_bytes.h"
 #include "workloads.h"
@@ -77,6 +81,7 @@ struct Options {
   int steps = 20, warmup = 3, threads = 1, replicas = 2;
   double min_seconds = 0;  // the timed steps last at least this long: more steps than --steps if short
   int64_t sweep_min_bytes = 4096, sweep_max_bytes = int64_t{64} << 20;
+  std::string sweep_collective = "all_reduce";  // or reduce_scatter, all_gather (ZeRO's)
 
   bool cuda() const { return device == "cuda"; }
   const bench::Strategy& entry() const { return bench::lookup_strategy(strategy); }
@@ -224,14 +229,17 @@ torch::optim::SGD make_sgd(std::vector<at::Tensor> params) {
   return torch::optim::SGD(std::move(params), torch::optim::SGDOptions(0.01).momentum(0.9));
 }
 
-/// What a plain loop steps: a whole optimizer, or one sharded by ZeRO-1.
+/// What a plain loop steps: a whole optimizer, or one sharded by ZeRO-1 or ZeRO-2.
 struct Stepper {
-  Stepper(torch::optim::Optimizer& o, zero::ShardedOptimizer* z = nullptr) : optimizer(o), sharded(z) {}
-  void zero_grad() { sharded ? sharded->zero_grad() : optimizer.zero_grad(); }
+  Stepper(torch::optim::Optimizer& o, zero::ShardedOptimizer* z = nullptr, zero::GradientShardedOptimizer* f = nullptr)
+      : optimizer(o), sharded(z), flat(f) {}
+  void zero_grad() { sharded ? sharded->zero_grad() : flat ? flat->zero_grad() : optimizer.zero_grad(); }
   void step(amp::GradScaler* scaler) {
     auto step_with = [scaler](torch::optim::Optimizer& opt) { return amp::step_optimizer(opt, scaler); };
     if (sharded) {
       sharded->step(step_with);
+    } else if (flat) {
+      flat->step(step_with);
     } else {
       step_with(optimizer);
     }
@@ -239,9 +247,10 @@ struct Stepper {
   }
   torch::optim::Optimizer& optimizer;
   zero::ShardedOptimizer* sharded;
+  zero::GradientShardedOptimizer* flat;
 };
 
-/// One training step of a plain loop (single, ddp, ddp-no-sync, zero1, dp-*): zero_grad, forward
+/// One training step of a plain loop (single, ddp, ddp-no-sync, zero1, zero2, dp-*): zero_grad, forward
 /// and loss under autocast, backward (scaled for fp16), step. `forward` runs the model on the batch.
 template <typename Forward>
 void plain_step(const Options& o, Loop& loop, Stepper opt, amp::GradScaler* scaler, const at::Tensor& y,
@@ -271,7 +280,8 @@ std::optional<amp::GradScaler> make_scaler(const Options& o) {
 
 // This rank's model state by kind, accounted from the tensors: parameters, the gradients a step
 // materialises (every trainable parameter's, under DDP and ZeRO-1 alike: ZeRO-1 drops the ones
-// it does not own only after the step), and the optimizer's state (only its share under ZeRO).
+// it does not own only after the step; ZeRO-2's kept slices are set by the caller), and the
+// optimizer's state (only its share under ZeRO).
 std::array<int64_t, 3> model_state_bytes(torch::nn::Module& net, const torch::optim::Optimizer& opt) {
   std::array<int64_t, 3> bytes{0, 0, zero::optimizer_state_bytes(opt)};
   for (const auto& p : net.parameters()) {
@@ -317,21 +327,26 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     net->to(device);
     auto opt = make_sgd(net->parameters());
     loop.run([&] { plain_step(o, loop, opt, scaler_ptr, y, [&] { return net->forward(x); }); });
-  } else if (o.strategy == "ddp" || o.strategy == "ddp-no-sync" || o.strategy == "zero1") {
+  } else if (o.strategy == "ddp" || o.strategy == "ddp-no-sync" || o.strategy == "zero1" || o.strategy == "zero2") {
     net->to(device);
     ddp::DistributedDataParallel model(net, pg);
     auto opt = make_sgd(model->parameters());
     std::optional<zero::ShardedOptimizer> sharded;  // zero1: ZeRO-1 over the same SGD
     if (o.strategy == "zero1") sharded.emplace(opt, pg);
+    std::optional<zero::GradientShardedOptimizer> flat;  // zero2: ZeRO-2 over the same SGD
+    if (o.strategy == "zero2") flat.emplace(opt, model->reducer(), pg);
     const bool sync = o.strategy != "ddp-no-sync";
     loop.run([&] {
       std::optional<ddp::NoSyncGuard> no_sync;
       if (!sync) no_sync.emplace(model->no_sync());
-      plain_step(o, loop, Stepper(opt, sharded ? &*sharded : nullptr), scaler_ptr, y, [&] { return model->forward(x); });
+      plain_step(o, loop, Stepper(opt, sharded ? &*sharded : nullptr, flat ? &*flat : nullptr), scaler_ptr, y,
+                 [&] { return model->forward(x); });
     });
     r.bucket_bytes = bucket_layout(*model);
     r.buckets = static_cast<int64_t>(r.bucket_bytes.size());
     if (sync) r.model_state = model_state_bytes(*net, opt);
+    // ZeRO-2 keeps only this rank's gradient slices between steps (the buckets live while reduced).
+    if (flat) (*r.model_state)[1] = flat->shard_numel() * static_cast<int64_t>(at::elementSize(at::kFloat));
   } else if (o.strategy == "accelerate") {
     const Precision precision =
         o.precision == "bf16" ? Precision::Bf16 : (o.precision == "fp16" ? Precision::Fp16 : Precision::No);
@@ -430,10 +445,21 @@ Result sweep(const Options& o, const std::shared_ptr<comm::ProcessGroup>& pg, co
   r.sweep = Json::array();
   const c10::Device device = o.cuda() ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank))
                                       : c10::Device(c10::kCPU);
+  const int64_t W = pg->size();
   for (int64_t bytes = o.sweep_min_bytes; bytes <= o.sweep_max_bytes; bytes *= 4) {
-    at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().device(device));
+    // `bytes` is the whole buffer: reduce-scattered into (or all-gathered from) W slices of it.
+    const int64_t n = (bytes / 4 + W - 1) / W * W;
+    at::Tensor t = at::ones({n}, at::TensorOptions().device(device)), slice = at::ones({n / W}, t.options());
     Loop loop(o);
-    loop.run([&] { pg->wait(pg->all_reduce_async(t), "benchmark sweep all_reduce"); });
+    loop.run([&] {
+      if (o.sweep_collective == "reduce_scatter") {
+        pg->wait(pg->reduce_scatter_async(slice, t), "benchmark sweep reduce_scatter");
+      } else if (o.sweep_collective == "all_gather") {
+        pg->wait(pg->all_gather_into_async(t, slice), "benchmark sweep all_gather");
+      } else {
+        pg->wait(pg->all_reduce_async(t), "benchmark sweep all_reduce");
+      }
+    });
     r.sweep->push_back(Json{{"bytes", bytes}, {"p50_s", percentile(loop.times, 0.5)}});
     r.take(loop);
   }
@@ -519,6 +545,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device)->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--replicas", o.replicas, "dp-*: replicas (devices)")->check(CLI::Range(1, 4096));
   app.add_option("--sweep-min-bytes", o.sweep_min_bytes, "sweep: smallest buffer")->check(CLI::Range(int64_t{4}, int64_t{1} << 40));
+  app.add_option("--sweep-collective", o.sweep_collective, "sweep: which collective (the report knows all_reduce)")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather"}));
   app.add_option("--sweep-max-bytes", o.sweep_max_bytes, "sweep: largest buffer")->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
   app.add_option("--out", o.out, "append the record here (default: stdout)");
   try {
@@ -619,6 +647,7 @@ int main(int argc, char** argv) {
       if (r.allreduce_p50) record["allreduce_p50_s"] = *r.allreduce_p50;
       if (r.flat_allreduce_p50) record["flat_allreduce_p50_s"] = *r.flat_allreduce_p50;
       if (r.sweep) record["sweep"] = *r.sweep;
+      if (r.sweep && o.sweep_collective != "all_reduce") record["sweep_collective"] = o.sweep_collective;
       record["versions"] = Json{{"torch", built_with_torch_version()}, {"tandem", version()}};
       emit(o, record);
     }

@@ -2,7 +2,7 @@
 // several processes (`tandem run`, torchrun, mpirun), on one GPU or several.
 //
 //   tandem run --nproc-per-node 2 -- ./fashion_mnist [--epochs 8] [--strategy auto|single|dp|ddp]
-//       [--mixed-precision no|bf16|fp16] [--zero-stage 0|1] [--batch-size 64] [--checkpoints DIR]
+//       [--mixed-precision no|bf16|fp16] [--zero-stage 0|1|2] [--batch-size 64] [--checkpoints DIR]
 //       [--checkpointing-steps N] [--resume-from DIR]
 //
 // It prints the test accuracy and the throughput at the end, and leaves a checkpoint. A checkpoint
@@ -54,8 +54,9 @@ int train(int argc, char** argv) {
   app.add_option("--batch-size", batch_size, "Samples per process per step")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--strategy", strategy)->check(CLI::IsMember({"auto", "single", "dp", "ddp"}))->capture_default_str();
   app.add_option("--mixed-precision", precision)->check(CLI::IsMember({"no", "bf16", "fp16"}))->capture_default_str();
-  app.add_option("--zero-stage", zero_stage, "0: plain DDP; 1: each process keeps its share of Adam's state")
-      ->check(CLI::IsMember({0, 1}))->capture_default_str();
+  app.add_option("--zero-stage", zero_stage,
+                 "0: plain DDP; 1: each process keeps its share of Adam's state; 2: and of the gradients")
+      ->check(CLI::IsMember({0, 1, 2}))->capture_default_str();
   app.add_option("--checkpoints", checkpoints, "Where the checkpoints go")->capture_default_str();
   app.add_option("--checkpointing-steps", checkpointing_steps, "Also save a checkpoint every N steps (0: at the end only)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();

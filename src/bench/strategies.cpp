@@ -96,6 +96,17 @@ std::vector<Strategy> make_table() {
   zero1.colour = "#117733";
   zero1.colour_mpi = "#44AA99";
 
+  // ZeRO-2 has no PyTorch counterpart to run here: ZeroRedundancyOptimizer is stage 1, and FSDP's
+  // SHARD_GRAD_OP is another design (flat parameters, CUDA-first).
+  Strategy& zero2 = over_ddp("zero2", "DDP with ZeRO-2: gradients reduce-scattered, each rank keeps and steps its slices");
+  zero2.by_default = false;
+  zero2.peer = "";
+  zero2.pytorch = false;
+  zero2.precisions = {"fp32", "bf16"};
+  zero2.model_state = true;
+  zero2.colour = "#999933";
+  zero2.colour_mpi = "#DDCC77";
+
   Strategy& dp = add("dp", Role::PeerOnly, Launch::Replicas);
   dp.summary = "torch.nn.DataParallel";
   dp.peer_label = "torch.nn.DataParallel";

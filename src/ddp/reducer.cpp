@@ -364,6 +364,9 @@ void Reducer::mark_ready(size_t index, bool produced) {
     at::Tensor& view = bucket.views[slot];
     at::Tensor& grad = parameters_[index].mutable_grad();
     if (grad.defined()) {
+      TANDEM_CHECK(!grad.is_sparse(), "DDP: parameter ", index, " ('", names_[index],
+                   "') has a sparse gradient (e.g. Embedding(sparse=true)); ZeRO-2 shards dense gradients only: "
+                   "use a dense embedding, or zero_stage 1");
       at::mul_out(view, grad, inverse_world_);
       grad.reset();
     } else {

@@ -120,6 +120,11 @@ void train(Job& job, int steps) {
   }
 }
 
+std::string read_file(const std::string& f) {
+  std::ifstream in(f, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 // Every state tensor of `opt`, by parameter index in the groups' order and key, for comparison.
 std::map<std::string, at::Tensor> state_of(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params) {
   std::map<std::string, at::Tensor> out;
@@ -140,7 +145,8 @@ std::map<std::string, at::Tensor> state_of(torch::optim::Optimizer& opt, const s
 
 // zero 1 -> 0 and 0 -> 1 at this world size, for every optimizer type: the loaded state is
 // bit for bit the state an unsharded run reached (each parameter's serialized state compared
-// byte for byte), and the consolidated files of the two checkpoints are the same bytes.
+// byte for byte), and the consolidated files of the two checkpoints are the same bytes; zero 2
+// loads it and saves it again unchanged.
 TEST(OptimizerStateByName, ShardedAndWholeCheckpointsLoadIntoEachOther) {
   for (const auto& c : cases()) {
     SCOPED_TRACE(c.name);
@@ -159,11 +165,7 @@ TEST(OptimizerStateByName, ShardedAndWholeCheckpointsLoadIntoEachOther) {
     if (test::pg().rank() == 0) {
       accelerate::consolidate_optimizer(saved_sharded, 0, root_sharded + "/consolidated.safetensors");
       accelerate::consolidate_optimizer(saved_whole, 0, root_whole + "/consolidated.safetensors");
-      auto read = [](const std::string& f) {
-        std::ifstream in(f, std::ios::binary);
-        return std::string(std::istreambuf_iterator<char>(in), {});
-      };
-      EXPECT_EQ(read(root_sharded + "/consolidated.safetensors"), read(root_whole + "/consolidated.safetensors"));
+      EXPECT_EQ(read_file(root_sharded + "/consolidated.safetensors"), read_file(root_whole + "/consolidated.safetensors"));
     }
     for (int stage : {0, 1}) {
       for (const auto& from : {saved_sharded, saved_whole}) {
@@ -193,6 +195,22 @@ TEST(OptimizerStateByName, ShardedAndWholeCheckpointsLoadIntoEachOther) {
         // Hyper-parameters: the groups' as saved.
         EXPECT_EQ(loaded.opt->param_groups()[1].options().get_lr(), whole.opt->param_groups()[1].options().get_lr());
       }
+    }
+    // Stage 2 holds flat slices, not parameters: loaded, then saved again, the state is the same
+    // bytes (cut into this rank's slices and gathered back whole).
+    {
+      Job flat = make_job(c, 2);
+      train(flat, 0);
+      flat.acc->load_state(saved_whole);
+      const std::string root_flat = scratch(std::string(c.name) + "-z2");
+      remove_on_rank0(root_flat);
+      const auto resaved = flat.acc->save_state(root_flat);
+      if (test::pg().rank() == 0) {
+        accelerate::consolidate_optimizer(resaved, 0, root_flat + "/consolidated.safetensors");
+        EXPECT_EQ(read_file(root_flat + "/consolidated.safetensors"), read_file(root_whole + "/consolidated.safetensors"))
+            << "stage 2: loaded then saved";
+      }
+      remove_on_rank0(root_flat);
     }
     remove_on_rank0(root_sharded);
     remove_on_rank0(root_whole);

@@ -19,6 +19,7 @@
 #include <torch/optim/adamw.h>
 
 #include "support/distributed_main.h"
+#include "accelerate/two_group_adamw.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/error.h"
 
@@ -33,16 +34,9 @@ int reshard_scenario() {
   const std::string phase = env("RESHARD_PHASE"), out = env("RESHARD_OUT");
   Accelerator acc(shared_pg(), AcceleratorOptions().seed(3).progress(false).zero_stage(std::stoi(env("RESHARD_ZERO"))));
   torch::manual_seed(5);
-  auto net = torch::nn::Sequential(torch::nn::Linear(9, 13), torch::nn::Tanh(), torch::nn::Linear(13, 5));
+  auto net = zero_net();
   auto model = acc.prepare_model(net);
-  std::vector<at::Tensor> weights, biases;
-  for (const auto& item : net->named_parameters()) {
-    (item.key().find("bias") != std::string::npos ? biases : weights).push_back(item.value());
-  }
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(weights, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
-  groups.emplace_back(biases, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(3e-2).weight_decay(0)));
-  torch::optim::AdamW opt(std::move(groups), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW opt(test::two_group_adamw(*net), torch::optim::AdamWOptions(1e-2));
   acc.prepare_optimizer(opt);
   // 100 samples whatever the world size; the targets carry each sample's id.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(21);

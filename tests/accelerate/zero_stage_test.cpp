@@ -21,16 +21,14 @@
 #include "support/compare.h"
 #include "support/distributed_main.h"
 #include "support/errors.h"
+#include "accelerate/two_group_adamw.h"
 #include "tandem/accelerate/accelerator.h"
 
 using namespace tandem;
 
 namespace {
 
-// Layer sizes that divide no world size; 9 batches of 4 per rank an epoch.
-torch::nn::Sequential zero_net() {
-  return torch::nn::Sequential(torch::nn::Linear(9, 13), torch::nn::Tanh(), torch::nn::Linear(13, 5));
-}
+using test::zero_net;  // layer sizes that divide no world size; 9 batches of 4 per rank an epoch
 
 struct Outcome {
   std::vector<at::Tensor> params;
@@ -60,14 +58,7 @@ Outcome train(const Loop& l) {
   torch::manual_seed(3);
   auto net = zero_net();
   auto model = acc.prepare_model(net);
-  std::vector<at::Tensor> weights, biases;
-  for (const auto& item : net->named_parameters()) {
-    (item.key().find("bias") != std::string::npos ? biases : weights).push_back(item.value());
-  }
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(weights, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
-  groups.emplace_back(biases, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(3e-2).weight_decay(0)));
-  torch::optim::AdamW opt(std::move(groups), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW opt(test::two_group_adamw(*net), torch::optim::AdamWOptions(1e-2));
   acc.prepare_optimizer(opt);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
   const int64_t n = 36 * test::pg().size();

@@ -186,15 +186,22 @@ for line in open(os.path.join(d, "plan.tsv")):
             all(isinstance(b, int) and b > 0 for b in r["peak_mem_bytes"]),
         "mem_kind (the table's memory)": r["mem_kind"] == entry["memory"],
         # Accounted model state where the table says: one per rank, the whole parameters and
-        # gradients on each, optimizer state (SGD momentum) of every parameter, or under ZeRO of
+        # gradients on each, optimizer state (SGD momentum) of every parameter, or under ZeRO-1 of
         # the rank's share: the shares add up to the whole (fp16 may skip every step of so short a
-        # run while the scale finds its level: no momentum yet).
+        # run while the scale finds its level: no momentum yet). ZeRO-2 keeps gradient and state
+        # slices of its buckets padded to the world size: they add up to the whole plus less than
+        # one element per rank per bucket.
         "model_state_bytes exactly where the table's model_state": ("model_state_bytes" in r) == entry["model_state"]
             and (not entry["model_state"] or (
                 len(r["model_state_bytes"]) == ranks
-                and all(m["params"] == r["grad_bytes"] and m["grads"] == r["grad_bytes"] for m in r["model_state_bytes"])
+                and all(m["params"] == r["grad_bytes"] for m in r["model_state_bytes"])
+                and (strategy == "zero2" or all(m["grads"] == r["grad_bytes"] for m in r["model_state_bytes"]))
+                and (strategy != "zero2" or (
+                    r["grad_bytes"] <= sum(m["grads"] for m in r["model_state_bytes"]) < r["grad_bytes"] + 4 * ranks * r["buckets"]
+                    and len({m["grads"] for m in r["model_state_bytes"]}) == 1))
                 and (precision == "fp16" or sum(m["optimizer"] for m in r["model_state_bytes"]) ==
-                     (r["grad_bytes"] if strategy == "zero1" else ranks * r["grad_bytes"])))),
+                     (sum(m["grads"] for m in r["model_state_bytes"]) if strategy == "zero2"
+                      else r["grad_bytes"] if strategy == "zero1" else ranks * r["grad_bytes"])))),
         "versions.torch": isinstance(r["versions"], dict) and r["versions"].get("torch"),
         "versions.accelerate on the peer's accelerate": (impl != "pytorch" or strategy != "accelerate") or
             bool(r["versions"].get("accelerate")),

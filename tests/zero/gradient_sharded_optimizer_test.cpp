@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include <torch/nn/modules/embedding.h>
 #include <torch/optim/lbfgs.h>
 
 #include "support/distributed_main.h"
@@ -183,5 +184,24 @@ TEST(GradientShardedOptimizer, RefusesWhatItCannotShard) {
     tandem::ddp::DistributedDataParallel model(net, shared_pg());
     torch::optim::SGD sgd(split_params(*net)[0], torch::optim::SGDOptions(0.1));  // the weights only
     EXPECT_ERROR_HAS(GradientShardedOptimizer(sgd, model->reducer(), shared_pg()), "is in no param group");
+  }
+  {  // parameters that change between steps: a group added after sharding
+    auto net = make_net();
+    tandem::ddp::DistributedDataParallel model(net, shared_pg());
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    GradientShardedOptimizer sharded(sgd, model->reducer(), shared_pg());
+    (model->forward(torch::randn({2, 13})).sum()).backward();
+    sgd.add_param_group(torch::optim::OptimizerParamGroup({torch::zeros({3}, torch::requires_grad())}));
+    EXPECT_ERROR_HAS(sharded.step(), "the optimizer's param groups changed after it was sharded");
+  }
+  {  // sparse gradients: refused by the reducer, from backward()
+    torch::manual_seed(7);
+    auto net = torch::nn::Sequential(torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true)),
+                                     torch::nn::Linear(4, 2));
+    tandem::ddp::DistributedDataParallel model(net, shared_pg());
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    GradientShardedOptimizer sharded(sgd, model->reducer(), shared_pg());
+    EXPECT_ERROR_HAS((model->forward(torch::tensor({1, 2, 3})).sum()).backward(),
+                     "ZeRO-2 shards dense gradients only");
   }
 }
