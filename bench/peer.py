@@ -32,6 +32,8 @@ STRATEGIES = {
     "accelerate": ("ranks", True),
     "zero1": ("ranks", True),
     "zero2": ("ranks", False),
+    "accelerate-zero1": ("ranks", False),
+    "accelerate-zero2": ("ranks", False),
     "dp": ("replicas", True),
     "ddp-no-sync": ("ranks", True),
     "allreduce": ("ranks", False),

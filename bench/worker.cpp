@@ -10,7 +10,7 @@
 //
 // Strategies: single (plain loop, world 1), ddp (DistributedDataParallel, synced every step),
 // ddp-no-sync (DDP with every step under no_sync: compute without communication), zero1, zero2
-// (DDP with ZeRO-1 or ZeRO-2 over the same SGD), accelerate
+// (DDP with ZeRO-1 or ZeRO-2 over the same SGD), accelerate-zero1/2 (the Accelerator's zero_stage), accelerate
 // (tandem::Accelerator, strategy Ddp), dp-replicate / dp-persistent (tandem::dp::DataParallel
 // over R replicas in one process), allreduce (the model's gradient bytes all-reduced through the
 // process group, in DDP's bucket layout and flat), sweep (all_reduce of float32 buffers from
@@ -347,10 +347,15 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     if (sync) r.model_state = model_state_bytes(*net, opt);
     // ZeRO-2 keeps only this rank's gradient slices between steps (the buckets live while reduced).
     if (flat) (*r.model_state)[1] = flat->shard_numel() * static_cast<int64_t>(at::elementSize(at::kFloat));
-  } else if (o.strategy == "accelerate") {
+  } else if (o.strategy == "accelerate" || o.strategy == "accelerate-zero1" || o.strategy == "accelerate-zero2") {
     const Precision precision =
         o.precision == "bf16" ? Precision::Bf16 : (o.precision == "fp16" ? Precision::Fp16 : Precision::No);
-    Accelerator acc(pg, AcceleratorOptions().strategy(Strategy::Ddp).mixed_precision(precision).progress(false));
+    const int zero_stage = o.strategy == "accelerate" ? 0 : o.strategy.back() - '0';
+    Accelerator acc(pg, AcceleratorOptions()
+                            .strategy(Strategy::Ddp)
+                            .mixed_precision(precision)
+                            .zero_stage(zero_stage)
+                            .progress(false));
     auto model = acc.prepare_model(net);
     auto opt = make_sgd(model->parameters());
     acc.prepare_optimizer(opt);

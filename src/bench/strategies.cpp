@@ -107,6 +107,21 @@ std::vector<Strategy> make_table() {
   zero2.colour = "#999933";
   zero2.colour_mpi = "#DDCC77";
 
+  // The Accelerator's loop with its zero_stage option: what a user of tandem::Accelerator runs.
+  // accelerate's own ZeRO is DeepSpeed's plugin, which needs DeepSpeed: no peer here either.
+  for (const char* stage : {"1", "2"}) {
+    Strategy& s = over_ddp(std::string("accelerate-zero") + stage,
+                           std::string("the Accelerator with zero_stage(") + stage + ")");
+    s.label = std::string("Tandem Accelerator ZeRO-") + stage;
+    s.what = "Accelerator step";
+    s.by_default = false;
+    s.peer = "";
+    s.pytorch = false;
+    s.precisions = {"fp32", "bf16"};
+    s.colour = stage[0] == '1' ? "#AA4499" : "#332288";
+    s.colour_mpi = stage[0] == '1' ? "#CC6677" : "#6699CC";
+  }
+
   Strategy& dp = add("dp", Role::PeerOnly, Launch::Replicas);
   dp.summary = "torch.nn.DataParallel";
   dp.peer_label = "torch.nn.DataParallel";

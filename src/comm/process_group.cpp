@@ -382,9 +382,17 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
 // reduce-scatter leaves each rank the averaged gradient of its slice, all-gather puts the
 // updated slices back together. Both go through c10d's flat entry points, `_reduce_scatter_base`
 // and `_allgather_base`: NCCL's own kernels; on our MPI backend MPI_Reduce_scatter_block and
-// MPI_Allgather; on Gloo an all-reduce of the whole input and a copy of this rank's slice (twice a
-// real reduce-scatter's traffic; docs/design/zero.md). Avg on CPU is Sum and
-// one division of the output, as all_reduce does.
+// MPI_Allgather. Gloo's `_reduce_scatter_base` is an all-reduce of the whole input and a copy of
+// this rank's slice (twice a real reduce-scatter's traffic), so on Gloo Tandem reduce-scatters
+// itself (Note [Gloo reduce-scatter]). Avg on CPU is Sum and one division of the output, as
+// all_reduce does.
+//
+// Note [Gloo reduce-scatter]
+// An all-to-all of the slices (Gloo's alltoall_base, one collective, asynchronous): rank r
+// receives every rank's slice r, (W-1)/W of the buffer, as a ring reduce-scatter does; then, when
+// the work is waited for, it combines them in rank order into the output. The order is the same
+// whatever the buffer's layout, so the result is deterministic. Measured against c10d's path in
+// docs/benchmarks.md ("ZeRO-2 beside ZeRO-1 and DDP").
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_async(at::Tensor& output, at::Tensor& input, ReduceOp op) {
   if (op == ReduceOp::Avg && !input.is_cuda()) {
     throw Error(std::string("asynchronous reduce_scatter Avg is not available on ") + to_string(cpu_kind_) +
@@ -424,16 +432,70 @@ void check_flat(const char* op, const at::Tensor& whole, const at::Tensor& part,
 
 }  // namespace
 
+namespace {
+
+// Note [Gloo reduce-scatter]: the all-to-all in flight; wait() combines the received slices.
+class AllToAllReduceScatter : public c10d::Work {
+ public:
+  AllToAllReduceScatter(c10::intrusive_ptr<c10d::Work> exchange, at::Tensor received, at::Tensor output, int world,
+                        ReduceOp op)
+      : exchange_(std::move(exchange)), received_(std::move(received)), output_(std::move(output)), world_(world),
+        op_(op) {}
+  bool wait(std::chrono::milliseconds timeout) override {
+    std::lock_guard<std::mutex> hold(mutex_);
+    if (done_) return true;
+    exchange_->wait(timeout);
+    at::NoGradGuard no_grad;
+    const at::Tensor parts = received_.view({world_, -1});
+    output_.copy_(parts[0]);
+    for (int r = 1; r < world_; ++r) {
+      switch (op_) {
+        case ReduceOp::Max: at::maximum_out(output_, output_, parts[r]); break;
+        case ReduceOp::Min: at::minimum_out(output_, output_, parts[r]); break;
+        case ReduceOp::Product: output_.mul_(parts[r]); break;
+        default: output_.add_(parts[r]); break;
+      }
+    }
+    received_.reset();
+    done_ = true;
+    return true;
+  }
+  bool isCompleted() override { return done_ || exchange_->isCompleted(); }
+  bool isSuccess() const override { return exchange_->isSuccess(); }
+  std::exception_ptr exception() const override { return exchange_->exception(); }
+
+ private:
+  std::mutex mutex_;
+  c10::intrusive_ptr<c10d::Work> exchange_;
+  at::Tensor received_, output_;
+  int world_;
+  ReduceOp op_;
+  bool done_ = false;
+};
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> ProcessGroup::issue_reduce_scatter(at::Tensor& output, at::Tensor& input, ReduceOp wire,
                                                                   ReduceOp asked) {
   check_flat("reduce_scatter", input, output, size());
   const auto& backend = backend_for(input.device());
   std::lock_guard<std::mutex> issuing(issue_mutex_);
   const CollectiveCall call = begin(CollectiveKind::ReduceScatter, &input, static_cast<int64_t>(asked));
-  c10d::ReduceScatterOptions opts;
-  opts.reduceOp = to_c10d(wire);
-  opts.timeout = options_.timeout();
-  auto work = backend->_reduce_scatter_base(output, input, opts);
+  c10::intrusive_ptr<c10d::Work> work;
+  if (!input.is_cuda() && cpu_kind_ == CpuBackend::Gloo && size() > 1 && wire != ReduceOp::Avg) {
+    // Note [Gloo reduce-scatter].
+    at::Tensor received = at::empty_like(input);
+    std::vector<int64_t> equal_splits;
+    c10d::AllToAllOptions opts;
+    opts.timeout = options_.timeout();
+    auto exchange = backend->alltoall_base(received, input, equal_splits, equal_splits, opts);
+    work = c10::make_intrusive<AllToAllReduceScatter>(std::move(exchange), received, output, size(), wire);
+  } else {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(wire);
+    opts.timeout = options_.timeout();
+    work = backend->_reduce_scatter_base(output, input, opts);
+  }
   remember(work, call);
   return work;
 }
