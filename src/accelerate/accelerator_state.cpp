@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -296,6 +298,11 @@ void Accelerator::load_state(const std::string& path) {
     std::vector<std::string> archives;  // LibTorch archives (an optimizer without a named format)
     std::vector<std::pair<std::string, at::Tensor>> rng;  // this rank's generator states
     std::vector<std::string> custom;
+    std::vector<std::vector<std::unique_ptr<torch::optim::OptimizerParamState>>> flat;  // zero_stage 2's slices
+    std::optional<amp::GradScalerState> scaler;
+    std::vector<std::pair<int64_t, int64_t>> positions;  // (epoch, samples_done) per loader
+    int64_t completed_steps = 0, accumulation_step = 0;
+    bool end_of_data = false;
   } staged;
   std::string failure;
   try {
@@ -353,6 +360,19 @@ void Accelerator::load_state(const std::string& path) {
       const auto groups = optimizer_groups(o);
       staged.named[o] = accelerate::stage_optimizer_state(*optimizers_[o], groups, names_for(models, groups),
                                                           held_parameters(o), entry, paths, where);
+      if (flat_[o]) {  // stage 2: this rank's flat slices, cut from the whole state now (checked)
+        std::unordered_map<const void*, const torch::optim::OptimizerParamState*> by_param;
+        for (const auto& [param, st] : staged.named[o].states) by_param[param.unsafeGetTensorImpl()] = st.get();
+        staged.flat.resize(optimizers_.size());
+        try {
+          staged.flat[o] = flat_[o]->build_state([&](const at::Tensor& p) -> const torch::optim::OptimizerParamState* {
+            auto it = by_param.find(p.unsafeGetTensorImpl());
+            return it == by_param.end() ? nullptr : it->second;
+          });
+        } catch (const std::exception& e) {
+          throw Error(message(where, ": ", one_line(e)));
+        }
+      }
     }
     if (staged.saved_world == world_.world_size) {
       auto rng = accelerate::load_safetensors(reader.path("rng.safetensors"));
@@ -372,6 +392,20 @@ void Accelerator::load_state(const std::string& path) {
       TANDEM_CHECK(epoch >= 0 && done >= 0 && done <= loaders_[l].dataset_size, "load_state: ", dir, ": loader ", l,
                    " stopped at sample ", done, " of epoch ", epoch, ", outside its ", loaders_[l].dataset_size,
                    " samples: the checkpoint belongs to other data");
+      staged.positions.emplace_back(epoch, done);
+    }
+    staged.completed_steps = state.at("completed_steps").get<int64_t>();
+    staged.accumulation_step = state.at("accumulation_step").get<int64_t>();
+    staged.end_of_data = state.at("end_of_data").get<bool>();
+    if (scaler_ && state.contains("scaler")) {
+      amp::GradScalerState s;
+      const auto& j = state["scaler"];
+      s.scale = j.at("scale").get<double>();
+      s.growth_factor = j.at("growth_factor").get<double>();
+      s.backoff_factor = j.at("backoff_factor").get<double>();
+      s.growth_interval = j.at("growth_interval").get<int64_t>();
+      s.growth_tracker = j.at("_growth_tracker").get<int64_t>();
+      staged.scaler = s;
     }
     for (const auto& [name, save, load] : custom_) {
       (void)save, (void)load;
@@ -390,20 +424,14 @@ void Accelerator::load_state(const std::string& path) {
   TANDEM_CHECK(failure.empty(), failure);
 
   // Everything is read and checked on every rank: apply it.
-  const auto& state = staged.state;
   {
     at::NoGradGuard no_grad;
     for (auto& [tensor, saved] : staged.weights) tensor.copy_(saved);
   }
   for (size_t o = 0; o < optimizers_.size(); ++o) {
-    if (flat_[o]) {  // stage 2: each rank's flat slices cut from the whole state
-      std::unordered_map<const void*, const torch::optim::OptimizerParamState*> by_param;
-      for (const auto& [param, state] : staged.named[o].states) by_param[param.unsafeGetTensorImpl()] = state.get();
+    if (flat_[o]) {
       accelerate::apply_optimizer_options(*optimizers_[o], staged.named[o].options);
-      flat_[o]->scatter_state([&](const at::Tensor& p) -> const torch::optim::OptimizerParamState* {
-        auto it = by_param.find(p.unsafeGetTensorImpl());
-        return it == by_param.end() ? nullptr : it->second;
-      });
+      flat_[o]->install_state(std::move(staged.flat[o]));
       continue;
     }
     if (staged.archives[o].empty()) {
@@ -423,25 +451,13 @@ void Accelerator::load_state(const std::string& path) {
     }
   } else {
     // Note [Resuming at another world size].
-    torch::manual_seed(reseed(options_.seed(), world_.rank, state.at("completed_steps").get<int64_t>()));
+    torch::manual_seed(reseed(options_.seed(), world_.rank, staged.completed_steps));
   }
-  if (scaler_ && state.contains("scaler")) {
-    amp::GradScalerState s;
-    const auto& j = state["scaler"];
-    s.scale = j.at("scale").get<double>();
-    s.growth_factor = j.at("growth_factor").get<double>();
-    s.backoff_factor = j.at("backoff_factor").get<double>();
-    s.growth_interval = j.at("growth_interval").get<int64_t>();
-    s.growth_tracker = j.at("_growth_tracker").get<int64_t>();
-    scaler_->load_state_dict(s);
-  }
-  const auto& positions = state.at("loaders");
-  for (size_t l = 0; l < loaders_.size(); ++l) {
-    loaders_[l].resume(positions[l].at("epoch").get<int64_t>(), positions[l].at("samples_done").get<int64_t>());
-  }
-  completed_steps_ = state.at("completed_steps").get<int64_t>();
-  accumulation_step_ = state.at("accumulation_step").get<int64_t>();
-  end_of_data_ = state.at("end_of_data").get<bool>();
+  if (staged.scaler) scaler_->load_state_dict(*staged.scaler);
+  for (size_t l = 0; l < loaders_.size(); ++l) loaders_[l].resume(staged.positions[l].first, staged.positions[l].second);
+  completed_steps_ = staged.completed_steps;
+  accumulation_step_ = staged.accumulation_step;
+  end_of_data_ = staged.end_of_data;
   for (size_t c = 0; c < custom_.size(); ++c) std::get<2>(custom_[c])(staged.custom[c]);
 }
 

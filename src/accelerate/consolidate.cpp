@@ -13,8 +13,9 @@
 
 namespace tandem::accelerate {
 
-void consolidate_optimizer(const std::string& checkpoint, size_t optimizer, const std::string& out) {
-  const std::string where = "consolidate " + checkpoint;
+namespace {
+
+void consolidate(const std::string& checkpoint, size_t optimizer, const std::string& out, const std::string& where) {
   CheckpointReader reader(checkpoint);
   const auto state = nlohmann::json::parse(reader.read("state.json"));
   TANDEM_CHECK(state.value("format", 0) == 2 && state.contains("optimizers"), where,
@@ -46,6 +47,17 @@ void consolidate_optimizer(const std::string& checkpoint, size_t optimizer, cons
   }
   save_safetensors(out, merged,
                    {{"format", "pt"}, {"optimizer", type}, {"param_groups", entry.at("param_groups").dump()}});
+}
+
+}  // namespace
+
+void consolidate_optimizer(const std::string& checkpoint, size_t optimizer, const std::string& out) {
+  const std::string where = "consolidate " + checkpoint;
+  try {
+    consolidate(checkpoint, optimizer, out, where);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(message(where, ": state.json is not what save_state writes (", e.what(), ")"));
+  }
 }
 
 }  // namespace tandem::accelerate

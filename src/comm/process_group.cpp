@@ -1,5 +1,6 @@
 #include "tandem/comm/process_group.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <iterator>
 
@@ -444,23 +445,25 @@ class AllToAllReduceScatter : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override {
     std::lock_guard<std::mutex> hold(mutex_);
     if (done_) return true;
-    exchange_->wait(timeout);
+    if (!exchange_->wait(timeout)) return false;
     at::NoGradGuard no_grad;
-    const at::Tensor parts = received_.view({world_, -1});
-    output_.copy_(parts[0]);
+    // Flat, whatever the caller's shapes (only the element counts are checked).
+    const at::Tensor parts = received_.view({world_, output_.numel()});
+    at::Tensor output = output_.view({-1});
+    output.copy_(parts[0]);
     for (int r = 1; r < world_; ++r) {
       switch (op_) {
-        case ReduceOp::Max: at::maximum_out(output_, output_, parts[r]); break;
-        case ReduceOp::Min: at::minimum_out(output_, output_, parts[r]); break;
-        case ReduceOp::Product: output_.mul_(parts[r]); break;
-        default: output_.add_(parts[r]); break;
+        case ReduceOp::Max: at::maximum_out(output, output, parts[r]); break;
+        case ReduceOp::Min: at::minimum_out(output, output, parts[r]); break;
+        case ReduceOp::Product: output.mul_(parts[r]); break;
+        default: output.add_(parts[r]); break;
       }
     }
     received_.reset();
     done_ = true;
     return true;
   }
-  bool isCompleted() override { return done_ || exchange_->isCompleted(); }
+  bool isCompleted() override { return done_; }  // the output is ready only once combined
   bool isSuccess() const override { return exchange_->isSuccess(); }
   std::exception_ptr exception() const override { return exchange_->exception(); }
 
@@ -470,7 +473,7 @@ class AllToAllReduceScatter : public c10d::Work {
   at::Tensor received_, output_;
   int world_;
   ReduceOp op_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};
 };
 
 }  // namespace
@@ -484,11 +487,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::issue_reduce_scatter(at::Tensor& ou
   c10::intrusive_ptr<c10d::Work> work;
   if (!input.is_cuda() && cpu_kind_ == CpuBackend::Gloo && size() > 1 && wire != ReduceOp::Avg) {
     // Note [Gloo reduce-scatter].
-    at::Tensor received = at::empty_like(input);
+    at::Tensor flat_input = input.view({-1});  // Gloo splits dim 0 into the world size's parts
+    at::Tensor received = at::empty_like(flat_input);
     std::vector<int64_t> equal_splits;
     c10d::AllToAllOptions opts;
     opts.timeout = options_.timeout();
-    auto exchange = backend->alltoall_base(received, input, equal_splits, equal_splits, opts);
+    auto exchange = backend->alltoall_base(received, flat_input, equal_splits, equal_splits, opts);
     work = c10::make_intrusive<AllToAllReduceScatter>(std::move(exchange), received, output, size(), wire);
   } else {
     c10d::ReduceScatterOptions opts;

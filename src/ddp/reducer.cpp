@@ -164,9 +164,8 @@ void Reducer::allocate_contents(Bucket& bucket) {
   bucket.numel = total;
   const auto options = parameters_[bucket.parameters.front()].options().requires_grad(false);
   if (sharded_) {
-    // Every slot is written by its gradient (or zeroed) before the reduce-scatter; the padding is not.
-    bucket.contents = at::empty({bucket.padded}, options);
-    bucket.contents.narrow(0, total, bucket.padded - total).zero_();
+    // Zeroed: a backward that fails half-way still reduce-scatters it (Note [Failed backward]).
+    bucket.contents = at::zeros({bucket.padded}, options);
   } else {
     bucket.contents = at::zeros({total}, options);
   }
@@ -187,6 +186,7 @@ void Reducer::allocate_contents(Bucket& bucket) {
 void Reducer::shard_gradients(const std::vector<std::vector<size_t>>& assignment) {
   std::lock_guard<std::mutex> lock(mutex_);
   TANDEM_CHECK(!configured_, "DDP: shard gradients (ZeRO-2) before the first forward");
+  TANDEM_CHECK(!sharded_, "DDP: the gradients are sharded already (one ZeRO-2 optimizer per DDP model)");
   TANDEM_CHECK(!comm_hook_, "DDP: sharded gradients (ZeRO-2) are reduce-scattered as they are; they cannot go "
                             "through a communication hook");
   TANDEM_CHECK(!options_.gradient_as_bucket_view(), "DDP: sharded gradients (ZeRO-2) keep no full-size gradient, so "
@@ -226,6 +226,8 @@ void Reducer::shard_gradients(const std::vector<std::vector<size_t>>& assignment
 void Reducer::register_comm_hook(CommHook hook) {
   std::lock_guard<std::mutex> lock(mutex_);
   TANDEM_CHECK(!comm_hook_, "DDP: a communication hook is already registered (register it once)");
+  TANDEM_CHECK(!sharded_, "DDP: the gradients are sharded (ZeRO-2): they are reduce-scattered as they are, through "
+                          "no communication hook");
   TANDEM_CHECK(!configured_, "DDP: register the communication hook before the first forward");
   comm_hook_ = std::move(hook);
 }
@@ -360,13 +362,13 @@ void Reducer::mark_ready(size_t index, bool produced) {
   if (sharded_) {
     // Note [Sharded gradients]: into the bucket, pre-divided; the parameter keeps no gradient.
     at::NoGradGuard no_grad;
+    at::Tensor& grad = parameters_[index].mutable_grad();
+    TANDEM_CHECK(!grad.defined() || !grad.is_sparse(), "DDP: parameter ", index, " ('", names_[index],
+                 "') has a sparse gradient (e.g. Embedding(sparse=true)); ZeRO-2 shards dense gradients only: "
+                 "use a dense embedding, or zero_stage 1");
     if (!bucket.contents.defined()) allocate_contents(bucket);
     at::Tensor& view = bucket.views[slot];
-    at::Tensor& grad = parameters_[index].mutable_grad();
     if (grad.defined()) {
-      TANDEM_CHECK(!grad.is_sparse(), "DDP: parameter ", index, " ('", names_[index],
-                   "') has a sparse gradient (e.g. Embedding(sparse=true)); ZeRO-2 shards dense gradients only: "
-                   "use a dense embedding, or zero_stage 1");
       at::mul_out(view, grad, inverse_world_);
       grad.reset();
     } else {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 
 #include "tandem/ddp/options.h"
@@ -19,26 +20,28 @@ namespace {
 // ones in the order their groups were first met.
 std::vector<std::vector<size_t>> buckets_by_group(const std::vector<at::Tensor>& params, const std::vector<size_t>& group_of,
                                                   const std::vector<int64_t>& limits) {
+  // One open bucket per (group, dtype, device): a bucket is one flat buffer.
+  using Key = std::tuple<size_t, int, std::string>;
   std::vector<std::vector<size_t>> closed;
-  std::map<size_t, std::vector<size_t>> open;
-  std::map<size_t, int64_t> bytes;
-  std::map<size_t, size_t> limit_index;
-  std::vector<size_t> first_seen;
+  std::map<Key, std::vector<size_t>> open;
+  std::map<Key, int64_t> bytes;
+  std::map<Key, size_t> limit_index;
+  std::vector<Key> first_seen;
   for (size_t i = params.size(); i-- > 0;) {
-    const size_t g = group_of[i];
-    if (!open.count(g)) first_seen.push_back(g);
-    open[g].push_back(i);
-    bytes[g] += static_cast<int64_t>(params[i].numel() * params[i].element_size());
-    const int64_t limit = limits[std::min(limit_index[g], limits.size() - 1)];
-    if (bytes[g] >= limit) {
-      closed.push_back(std::move(open[g]));
-      open[g].clear();
-      bytes[g] = 0;
-      ++limit_index[g];
+    const Key key{group_of[i], static_cast<int>(params[i].scalar_type()), params[i].device().str()};
+    if (!open.count(key)) first_seen.push_back(key);
+    open[key].push_back(i);
+    bytes[key] += static_cast<int64_t>(params[i].numel() * params[i].element_size());
+    const int64_t limit = limits[std::min(limit_index[key], limits.size() - 1)];
+    if (bytes[key] >= limit) {
+      closed.push_back(std::move(open[key]));
+      open[key].clear();
+      bytes[key] = 0;
+      ++limit_index[key];
     }
   }
-  for (size_t g : first_seen) {
-    if (!open[g].empty()) closed.push_back(std::move(open[g]));
+  for (const auto& key : first_seen) {
+    if (!open[key].empty()) closed.push_back(std::move(open[key]));
   }
   return closed;
 }
@@ -72,8 +75,6 @@ GradientShardedOptimizer::GradientShardedOptimizer(torch::optim::Optimizer& opti
     TANDEM_CHECK(params_[i].is_floating_point(), "ZeRO-2: parameter ", i, " is not floating point");
   }
   const auto layout = buckets_by_group(params_, group_of, ddp::bucket_size_limits(reducer.options()));
-  reducer.shard_gradients(layout);
-
   const int64_t W = pg_->size(), r = pg_->rank();
   shards_.resize(all_.size());
   for (const auto& members : layout) {
@@ -96,6 +97,8 @@ GradientShardedOptimizer::GradientShardedOptimizer(torch::optim::Optimizer& opti
     shards_[b.group].push_back(b.shard);
     buckets_.push_back(std::move(b));
   }
+  // Last, once nothing above can throw: from here on the reducer keeps no full gradient.
+  reducer.shard_gradients(layout);
   for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].shard.mutable_grad() = reducer.gradient_shard(b);
   optimizer.state().clear();  // state of the parameters themselves (Adagrad's, or earlier steps')
   for (size_t g = 0; g < all_.size(); ++g) {
@@ -180,8 +183,10 @@ double GradientShardedOptimizer::clip_grad_norm(double max_norm, double norm_typ
   double local = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const at::Tensor& g = reducer_.gradient_shard(b);
+    if (g.numel() == 0) continue;
     if (inf) {
-      local = std::max(local, g.abs().max().item<double>());
+      const double m = g.abs().max().item<double>();
+      local = std::isnan(m) || std::isnan(local) ? std::nan("") : std::max(local, m);
     } else {
       local += g.to(at::kDouble).abs().pow(norm_type).sum().item<double>();
     }
@@ -190,7 +195,9 @@ double GradientShardedOptimizer::clip_grad_norm(double max_norm, double norm_typ
   pg_->all_reduce(total, inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum);
   const double norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / norm_type);
   // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, every gradient multiplied.
-  const float coef = static_cast<float>(std::min(1.0, max_norm / (static_cast<double>(static_cast<float>(norm)) + 1e-6)));
+  // NaN propagates as in torch (clamp keeps NaN; std::min would not).
+  const double raw = max_norm / (static_cast<double>(static_cast<float>(norm)) + 1e-6);
+  const float coef = static_cast<float>(std::isnan(raw) ? raw : std::min(1.0, raw));
   for (size_t b = 0; b < buckets_.size(); ++b) reducer_.gradient_shard(b).mul_(coef);
   return static_cast<float>(norm);
 }
@@ -205,9 +212,20 @@ std::vector<std::pair<at::Tensor, std::vector<std::pair<std::string, at::Tensor>
 GradientShardedOptimizer::gather_state() {
   at::NoGradGuard no_grad;
   std::vector<std::pair<at::Tensor, std::vector<std::pair<std::string, at::Tensor>>>> out;
+  // Which buckets have state: the same on every rank unless a step failed part-way on one; agreed
+  // first, so that the all-gathers below match.
+  at::Tensor has = at::zeros({2, static_cast<int64_t>(buckets_.size())}, at::kInt);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const int v = optimizer_.state().count(buckets_[b].shard.unsafeGetTensorImpl()) ? 1 : 0;
+    has[0][static_cast<int64_t>(b)] = v;
+    has[1][static_cast<int64_t>(b)] = -v;
+  }
+  pg_->all_reduce(has, comm::ReduceOp::Max);
+  TANDEM_CHECK(at::equal(has[0], -has[1]), "ZeRO-2: the ranks disagree on which slices have optimizer state (a step "
+                                           "failed on some ranks only?); cannot save it");
   for (auto& bucket : buckets_) {
     auto it = optimizer_.state().find(bucket.shard.unsafeGetTensorImpl());
-    if (it == optimizer_.state().end()) continue;  // the same on every rank: they step together
+    if (it == optimizer_.state().end()) continue;
     std::vector<std::pair<std::string, at::Tensor>> per_param_keys;
     std::vector<std::vector<std::pair<std::string, at::Tensor>>> per_param(bucket.params.size());
     for (auto& [key, t] : state_tensors(kind_, *it->second)) {
@@ -228,12 +246,12 @@ GradientShardedOptimizer::gather_state() {
   return out;
 }
 
-void GradientShardedOptimizer::scatter_state(
-    const std::function<const torch::optim::OptimizerParamState*(const at::Tensor&)>& state_of) {
+std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> GradientShardedOptimizer::build_state(
+    const std::function<const torch::optim::OptimizerParamState*(const at::Tensor&)>& state_of) const {
   at::NoGradGuard no_grad;
   std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> built(buckets_.size());
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    auto& bucket = buckets_[b];
+    const auto& bucket = buckets_[b];
     size_t with_state = 0;
     std::map<std::string, at::Tensor> slices;
     std::string step_of_first;
@@ -261,13 +279,23 @@ void GradientShardedOptimizer::scatter_state(
     }
     TANDEM_CHECK(with_state == 0 || with_state == bucket.params.size(), "ZeRO-2: ", with_state, " of the ",
                  bucket.params.size(), " parameters of one bucket have optimizer state; a flat shard needs all or none");
-    if (with_state > 0) built[b] = make_state(kind_, std::move(slices), bucket.shard, "ZeRO-2: scatter_state");
+    if (with_state > 0) {
+      built[b] = make_state(kind_, std::move(slices), bucket.shard, "ZeRO-2: the checkpoint's state");
+    } else {
+      built[b] = initial_state(kind_, optimizer_.param_groups()[bucket.group].options(), bucket.shard);  // Adagrad's
+    }
   }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const void* key = buckets_[b].shard.unsafeGetTensorImpl();
-    optimizer_.state().erase(const_cast<void*>(key));
-    if (built[b]) optimizer_.state()[const_cast<void*>(key)] = std::move(built[b]);
+  return built;
+}
+
+void GradientShardedOptimizer::install_state(std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> built) {
+  for (size_t b = 0; b < buckets_.size() && b < built.size(); ++b) {
+    void* key = buckets_[b].shard.unsafeGetTensorImpl();
+    optimizer_.state().erase(key);
+    if (built[b]) optimizer_.state()[key] = std::move(built[b]);
   }
 }
+
+
 
 }  // namespace tandem::zero

@@ -194,6 +194,37 @@ TEST(GradientShardedOptimizer, RefusesWhatItCannotShard) {
     sgd.add_param_group(torch::optim::OptimizerParamGroup({torch::zeros({3}, torch::requires_grad())}));
     EXPECT_ERROR_HAS(sharded.step(), "the optimizer's param groups changed after it was sharded");
   }
+  {  // join(), a second ZeRO-2 optimizer, a hook registered after sharding
+    auto net = make_net();
+    tandem::ddp::DistributedDataParallel model(net, shared_pg());
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    GradientShardedOptimizer sharded(sgd, model->reducer(), shared_pg());
+    if (pg().size() > 1) EXPECT_ERROR_HAS(model->join([] {}), "join() is not available with sharded gradients");
+    torch::optim::SGD again(net->parameters(), torch::optim::SGDOptions(0.1));
+    EXPECT_ERROR_HAS(GradientShardedOptimizer(again, model->reducer(), shared_pg()), "sharded already");
+    EXPECT_ERROR_HAS(model->register_comm_hook(tandem::ddp::fp16_compress_hook(shared_pg())),
+                     "the gradients are sharded (ZeRO-2)");
+  }
+  {  // a checkpoint whose parameters of one bucket stepped a different number of times: refused, nothing changed
+    auto net = make_net();
+    tandem::ddp::DistributedDataParallel model(net, shared_pg());
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.1));
+    GradientShardedOptimizer sharded(adam, model->reducer(), shared_pg());
+    std::vector<std::unique_ptr<torch::optim::AdamParamState>> states;
+    int64_t step = 3;
+    for (const auto& p : net->parameters()) {
+      states.push_back(std::make_unique<torch::optim::AdamParamState>());
+      states.back()->step(step++).exp_avg(at::zeros_like(p)).exp_avg_sq(at::zeros_like(p));
+    }
+    const auto params = net->parameters();
+    EXPECT_ERROR_HAS(sharded.build_state([&](const at::Tensor& p) -> const torch::optim::OptimizerParamState* {
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (params[i].is_same(p)) return states[i].get();
+      }
+      return nullptr;
+    }), "different step counts");
+    EXPECT_TRUE(adam.state().empty());
+  }
   {  // sparse gradients: refused by the reducer, from backward()
     torch::manual_seed(7);
     auto net = torch::nn::Sequential(torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true)),

@@ -217,6 +217,7 @@ class Accelerator {
   struct ModelEntry {
     std::function<std::vector<std::pair<std::string, at::Tensor>>()> state;  // names -> tensors
     ddp::Reducer* reducer = nullptr;  // its DDP's, under Strategy::Ddp
+    std::shared_ptr<torch::nn::Module> owner;  // keeps that reducer alive as long as the Accelerator
   };
   struct LoaderEntry {
     std::function<std::pair<int64_t, int64_t>()> position;  // (epoch, samples_done)
@@ -290,7 +291,7 @@ PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
                                   for (const auto& item : module->named_buffers(true)) state.emplace_back(item.key(), item.value());
                                   return state;
                                 },
-                                reducer});
+                                reducer, prepared.ptr()});
   return prepared;
 }
 

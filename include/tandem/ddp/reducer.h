@@ -31,13 +31,14 @@
 //   size W; rank r owns elements [r*m, (r+1)*m), m = padded / W;
 // - the hook copies a gradient (times 1/W) into the bucket and drops the parameter's .grad, so
 //   the full-size gradient lives only in the buckets, which exist from a bucket's first gradient
-//   of a backward until its reduce-scatter is done (no bucket is kept between iterations);
+//   of a backward until the end of that backward, when their reduce-scatters are waited for (no
+//   bucket is kept between iterations);
 // - a full bucket is reduce-scattered (SUM) instead of all-reduced, still while backward runs,
 //   into gradient_shard(b), which the next synced backward overwrites;
 // - no .grad is written back: the sharded optimizer steps the shards (zero/gradient_sharded_optimizer.h);
 // - the buckets are the assignment given, never rebuilt (the optimizer's state lives in their
-//   layout); communication hooks, gradient_as_bucket_view, find_unused_parameters and
-//   static_graph are refused;
+//   layout); communication hooks, gradient_as_bucket_view, find_unused_parameters,
+//   static_graph and join() are refused;
 // - under no_sync the hooks do nothing, so gradients accumulate whole in .grad as in plain DDP;
 //   the synced backward then moves the accumulated sum into the bucket.
 //

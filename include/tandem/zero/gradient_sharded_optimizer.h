@@ -76,10 +76,13 @@ class GradientShardedOptimizer {
   /// zero::state_tensors gives them), gathered from every rank's shards. Collective; every rank
   /// gets all of it. Parameters without state yet (no step taken) are left out.
   std::vector<std::pair<at::Tensor, std::vector<std::pair<std::string, at::Tensor>>>> gather_state();
-  /// Checkpoints: sets this rank's shards' state from every parameter's whole state
-  /// (`state_of(param)`, null when it has none). The parameters of one bucket must all have state
-  /// or none, with one step count (a shard has one); throws tandem::Error, changing nothing, if not.
-  void scatter_state(const std::function<const torch::optim::OptimizerParamState*(const at::Tensor&)>& state_of);
+  /// Checkpoints: this rank's shards' state cut from every parameter's whole state (`state_of(param)`,
+  /// null when it has none), one per bucket, checked but not installed: the parameters of one
+  /// bucket must all have state or none, with one step count (a shard has one), else tandem::Error.
+  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> build_state(
+      const std::function<const torch::optim::OptimizerParamState*(const at::Tensor&)>& state_of) const;
+  /// Replaces the shards' state by what build_state made (does not throw for its result).
+  void install_state(std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> built);
 
  private:
   struct Piece {  // elements [param_offset, +length) of a parameter at [shard_offset, +length) of a shard
