@@ -2,26 +2,18 @@
 
 #include <sys/stat.h>
 
-#include <cerrno>
-#include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
-#include <algorithm>
-#include <cstring>
-#include <limits>
-#include <sstream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 #include <torch/utils.h>
 
-#include "tandem/accelerate/checkpoint_dir.h"
-#include "tandem/accelerate/safetensors.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/error.h"
 #include "tandem/host_allocator.h"
@@ -119,8 +111,7 @@ void Accelerator::choose_strategy() {
 }
 
 void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
-  TANDEM_CHECK(std::find(optimizers_.begin(), optimizers_.end(), &optimizer) == optimizers_.end(),
-               "prepare_optimizer: this optimizer is prepared already");
+  TANDEM_CHECK(!index_of(optimizer), "prepare_optimizer: this optimizer is prepared already");
   // One process has nothing to shard: the optimizer stays whole (whatever the strategy, so that
   // its checkpoints load under Single and Ddp alike).
   const bool shard = options_.zero_stage() >= 1 && pg_ && pg_->size() > 1 && strategy_ == Strategy::Ddp;
@@ -148,18 +139,20 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   flat_.push_back(std::move(flat));
 }
 
+std::optional<size_t> Accelerator::index_of(const torch::optim::Optimizer& optimizer) const {
+  auto it = std::find(optimizers_.begin(), optimizers_.end(), &optimizer);
+  if (it == optimizers_.end()) return std::nullopt;
+  return static_cast<size_t>(it - optimizers_.begin());
+}
+
 zero::GradientShardedOptimizer* Accelerator::flat_of(const torch::optim::Optimizer& optimizer) const {
-  for (size_t o = 0; o < optimizers_.size(); ++o) {
-    if (optimizers_[o] == &optimizer) return flat_[o].get();
-  }
-  return nullptr;
+  const auto o = index_of(optimizer);
+  return o ? flat_[*o].get() : nullptr;
 }
 
 zero::ShardedOptimizer* Accelerator::sharded_of(const torch::optim::Optimizer& optimizer) const {
-  for (size_t o = 0; o < optimizers_.size(); ++o) {
-    if (optimizers_[o] == &optimizer) return sharded_[o].get();
-  }
-  return nullptr;
+  const auto o = index_of(optimizer);
+  return o ? sharded_[*o].get() : nullptr;
 }
 
 data::DistributedSamplerOptions Accelerator::sampler_options(bool shuffle) const {

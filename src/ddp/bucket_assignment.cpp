@@ -27,6 +27,7 @@ BucketAssignment compute_bucket_assignment(const std::vector<TensorSpec>& tensor
   struct Open {
     c10::ScalarType dtype;
     c10::Device device;
+    int64_t group;
     std::vector<int64_t> indices;
     int64_t bytes = 0;
     size_t limit_index = 0;
@@ -38,9 +39,9 @@ BucketAssignment compute_bucket_assignment(const std::vector<TensorSpec>& tensor
     const int64_t index = order.empty() ? static_cast<int64_t>(step) : order[step];
     const TensorSpec& t = tensors[static_cast<size_t>(index)];
     auto kind = std::find_if(open.begin(), open.end(),
-                             [&](const Open& o) { return o.dtype == t.dtype && o.device == t.device; });
+                             [&](const Open& o) { return o.dtype == t.dtype && o.device == t.device && o.group == t.group; });
     if (kind == open.end()) {
-      open.push_back(Open{t.dtype, t.device, {}, 0, 0});
+      open.push_back(Open{t.dtype, t.device, t.group, {}, 0, 0});
       kind = std::prev(open.end());
     }
     kind->indices.push_back(index);

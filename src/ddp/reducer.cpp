@@ -11,6 +11,7 @@
 
 #include "common/ready_hook.h"
 #include "common/scope_exit.h"
+#include "tandem/comm/shard_layout.h"
 #include "tandem/error.h"
 
 namespace tandem::ddp {
@@ -159,16 +160,12 @@ void Reducer::allocate_buckets() {
 
 void Reducer::allocate_contents(Bucket& bucket) {
   at::NoGradGuard no_grad;
-  int64_t total = 0;
-  for (auto i : bucket.parameters) total += parameters_[i].numel();
-  bucket.numel = total;
-  const auto options = parameters_[bucket.parameters.front()].options().requires_grad(false);
-  if (sharded_) {
-    // Zeroed: a backward that fails half-way still reduce-scatters it (Note [Failed backward]).
-    bucket.contents = at::zeros({bucket.padded}, options);
-  } else {
-    bucket.contents = at::zeros({total}, options);
+  if (bucket.numel == 0) {
+    for (auto i : bucket.parameters) bucket.numel += parameters_[i].numel();
   }
+  // Zeroed: under sharding, a backward that fails half-way still reduce-scatters it (Note [Failed backward]).
+  bucket.contents = at::zeros({sharded_ ? bucket.padded : bucket.numel},
+                              parameters_[bucket.parameters.front()].options().requires_grad(false));
   bucket.views.clear();
   int64_t offset = 0;
   for (auto i : bucket.parameters) {
@@ -183,7 +180,7 @@ void Reducer::allocate_contents(Bucket& bucket) {
   }
 }
 
-void Reducer::shard_gradients(const std::vector<std::vector<size_t>>& assignment) {
+void Reducer::shard_gradients(const BucketAssignment& assignment) {
   std::lock_guard<std::mutex> lock(mutex_);
   TANDEM_CHECK(!configured_, "DDP: shard gradients (ZeRO-2) before the first forward");
   TANDEM_CHECK(!sharded_, "DDP: the gradients are sharded already (one ZeRO-2 optimizer per DDP model)");
@@ -194,32 +191,27 @@ void Reducer::shard_gradients(const std::vector<std::vector<size_t>>& assignment
   TANDEM_CHECK(!options_.find_unused_parameters() && !options_.static_graph(),
                "DDP: sharded gradients (ZeRO-2) do not support find_unused_parameters or static_graph yet");
   std::vector<int> seen(parameters_.size(), 0);
-  BucketAssignment layout;
-  for (const auto& bucket : assignment) {
+  for (const auto& bucket : assignment.buckets) {
     TANDEM_CHECK(!bucket.empty(), "DDP: shard_gradients: an empty bucket");
-    layout.buckets.emplace_back();
-    for (auto i : bucket) {
-      TANDEM_CHECK(i < parameters_.size() && seen[i]++ == 0, "DDP: shard_gradients: parameter ", i,
+    const auto& first = parameters_.at(static_cast<size_t>(bucket.front()));
+    for (auto index : bucket) {
+      const auto i = static_cast<size_t>(index);
+      TANDEM_CHECK(index >= 0 && i < parameters_.size() && seen[i]++ == 0, "DDP: shard_gradients: parameter ", index,
                    " is out of range or in two buckets");
-      TANDEM_CHECK(parameters_[i].scalar_type() == parameters_[bucket.front()].scalar_type() &&
-                       parameters_[i].device() == parameters_[bucket.front()].device(),
+      TANDEM_CHECK(parameters_[i].scalar_type() == first.scalar_type() && parameters_[i].device() == first.device(),
                    "DDP: shard_gradients: a bucket mixes dtypes or devices");
-      layout.buckets.back().push_back(static_cast<int64_t>(i));
     }
-    layout.size_limits.push_back(0);
   }
   for (size_t i = 0; i < parameters_.size(); ++i) {
     TANDEM_CHECK(seen[i] == 1, "DDP: shard_gradients: parameter ", i, " ('", names_[i], "') is in no bucket");
   }
   sharded_ = true;
-  build_buckets(layout);
-  const int64_t W = pg_->size();
+  build_buckets(assignment);
   for (auto& bucket : buckets_) {
-    int64_t total = 0;
-    for (auto i : bucket.parameters) total += parameters_[i].numel();
-    bucket.numel = total;
-    bucket.padded = (total + W - 1) / W * W;
-    bucket.shard = at::zeros({bucket.padded / W}, parameters_[bucket.parameters.front()].options().requires_grad(false));
+    for (auto i : bucket.parameters) bucket.numel += parameters_[i].numel();
+    const comm::ShardLayout layout{bucket.numel, pg_->size()};
+    bucket.padded = layout.padded();
+    bucket.shard = at::zeros({layout.shard()}, parameters_[bucket.parameters.front()].options().requires_grad(false));
   }
 }
 
@@ -409,10 +401,7 @@ void Reducer::launch(size_t b) {
   if (passthrough_) return;
   Bucket& bucket = buckets_[b];
   if (sharded_) {
-    if (!bucket.contents.defined()) {  // a failed backward reached none of its parameters
-      allocate_contents(bucket);
-      bucket.contents.zero_();
-    }
+    if (!bucket.contents.defined()) allocate_contents(bucket);  // a failed backward reached none of its parameters
     bucket.reduction = start_presummed_reduce_scatter(*pg_, bucket.contents, bucket.shard);
   } else if (comm_hook_) {
     GradBucket grad_bucket{b, bucket.contents, bucket.views, bucket.parameters, b + 1 == buckets_.size()};

@@ -4,50 +4,16 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <tuple>
+#include <optional>
 #include <unordered_map>
 
+#include "tandem/comm/shard_layout.h"
+#include "tandem/ddp/bucket_assignment.h"
 #include "tandem/ddp/options.h"
 #include "tandem/error.h"
-#include "zero/agreed_step.h"
+#include "zero/step_guards.h"
 
 namespace tandem::zero {
-namespace {
-
-// Note [Flat shards]: DDP's walk (reverse registration order, Note [Bucket assignment]) with one
-// open bucket per param group; a bucket closes when it reaches its group's current size limit
-// (the last limit repeats) and the buckets are launched in the order they closed, then the open
-// ones in the order their groups were first met.
-std::vector<std::vector<size_t>> buckets_by_group(const std::vector<at::Tensor>& params, const std::vector<size_t>& group_of,
-                                                  const std::vector<int64_t>& limits) {
-  // One open bucket per (group, dtype, device): a bucket is one flat buffer.
-  using Key = std::tuple<size_t, int, std::string>;
-  std::vector<std::vector<size_t>> closed;
-  std::map<Key, std::vector<size_t>> open;
-  std::map<Key, int64_t> bytes;
-  std::map<Key, size_t> limit_index;
-  std::vector<Key> first_seen;
-  for (size_t i = params.size(); i-- > 0;) {
-    const Key key{group_of[i], static_cast<int>(params[i].scalar_type()), params[i].device().str()};
-    if (!open.count(key)) first_seen.push_back(key);
-    open[key].push_back(i);
-    bytes[key] += static_cast<int64_t>(params[i].numel() * params[i].element_size());
-    const int64_t limit = limits[std::min(limit_index[key], limits.size() - 1)];
-    if (bytes[key] >= limit) {
-      closed.push_back(std::move(open[key]));
-      open[key].clear();
-      bytes[key] = 0;
-      ++limit_index[key];
-    }
-  }
-  for (const auto& key : first_seen) {
-    if (!open[key].empty()) closed.push_back(std::move(open[key]));
-  }
-  return closed;
-}
-
-}  // namespace
-
 GradientShardedOptimizer::GradientShardedOptimizer(torch::optim::Optimizer& optimizer, ddp::Reducer& reducer,
                                                    std::shared_ptr<comm::ProcessGroup> pg)
     : optimizer_(optimizer), reducer_(reducer), pg_(std::move(pg)), kind_(kind_of(optimizer)) {
@@ -74,26 +40,36 @@ GradientShardedOptimizer::GradientShardedOptimizer(torch::optim::Optimizer& opti
                  " is in no param group of the optimizer; ZeRO-2 needs the optimizer to own every parameter DDP reduces");
     TANDEM_CHECK(params_[i].is_floating_point(), "ZeRO-2: parameter ", i, " is not floating point");
   }
-  const auto layout = buckets_by_group(params_, group_of, ddp::bucket_size_limits(reducer.options()));
-  const int64_t W = pg_->size(), r = pg_->rank();
+  // Note [Flat shards]: DDP's bucket rule (Note [Bucket assignment]) walked in reverse registration
+  // order with the param group as part of a bucket's kind, buckets kept in the order they fill.
+  std::vector<ddp::TensorSpec> specs;
+  std::vector<int64_t> reverse;
+  for (size_t i = params_.size(); i-- > 0;) reverse.push_back(static_cast<int64_t>(i));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    specs.push_back(ddp::TensorSpec{static_cast<int64_t>(params_[i].nbytes()), params_[i].scalar_type(),
+                                    params_[i].device(), static_cast<int64_t>(group_of[i])});
+  }
+  const auto layout = ddp::compute_bucket_assignment(specs, ddp::bucket_size_limits(reducer.options()), reverse);
+  const int64_t r = pg_->rank();
   shards_.resize(all_.size());
-  for (const auto& members : layout) {
+  for (const auto& members : layout.buckets) {
     FlatBucket b;
-    b.group = group_of[members.front()];
-    b.params = members;
-    int64_t offset = 0;
+    b.group = group_of[static_cast<size_t>(members.front())];
+    int64_t numel = 0;
     for (auto i : members) {
-      b.offsets.push_back(offset);
-      offset += params_[i].numel();
+      b.params.push_back(static_cast<size_t>(i));
+      b.offsets.push_back(numel);
+      numel += params_[static_cast<size_t>(i)].numel();
     }
-    b.padded = (offset + W - 1) / W * W;
-    b.per_rank = b.padded / W;
+    const comm::ShardLayout shard_layout{numel, pg_->size()};
+    b.padded = shard_layout.padded();
+    b.per_rank = shard_layout.shard();
     const int64_t begin = r * b.per_rank, end = begin + b.per_rank;
-    for (size_t k = 0; k < members.size(); ++k) {
-      const int64_t lo = std::max(begin, b.offsets[k]), hi = std::min(end, b.offsets[k] + params_[members[k]].numel());
-      if (lo < hi) b.mine.push_back(Piece{members[k], lo - b.offsets[k], lo - begin, hi - lo});
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const int64_t lo = std::max(begin, b.offsets[k]), hi = std::min(end, b.offsets[k] + params_[b.params[k]].numel());
+      if (lo < hi) b.mine.push_back(Piece{b.params[k], lo - b.offsets[k], lo - begin, hi - lo});
     }
-    b.shard = at::zeros({b.per_rank}, params_[members.front()].options()).requires_grad_(true);
+    b.shard = at::zeros({b.per_rank}, params_[b.params.front()].options()).requires_grad_(true);
     shards_[b.group].push_back(b.shard);
     buckets_.push_back(std::move(b));
   }
@@ -111,16 +87,6 @@ GradientShardedOptimizer::GradientShardedOptimizer(torch::optim::Optimizer& opti
   }
 }
 
-void GradientShardedOptimizer::check_unchanged() const {
-  const auto& groups = optimizer_.param_groups();
-  bool same = groups.size() == shards_.size();
-  for (size_t g = 0; same && g < shards_.size(); ++g) {
-    same = groups[g].params().size() == shards_[g].size();
-    for (size_t i = 0; same && i < shards_[g].size(); ++i) same = groups[g].params()[i].is_same(shards_[g][i]);
-  }
-  TANDEM_CHECK(same, "ZeRO-2: the optimizer's param groups changed after it was sharded (a group or a parameter added "
-                     "or removed); build a new GradientShardedOptimizer over the changed optimizer");
-}
 
 void GradientShardedOptimizer::step() {
   step([](torch::optim::Optimizer& o) {
@@ -130,7 +96,7 @@ void GradientShardedOptimizer::step() {
 }
 
 bool GradientShardedOptimizer::step(const std::function<bool(torch::optim::Optimizer&)>& stepper) {
-  check_unchanged();
+  check_groups_unchanged(optimizer_, shards_, "GradientShardedOptimizer");
   {
     at::NoGradGuard no_grad;
     for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -226,7 +192,6 @@ GradientShardedOptimizer::gather_state() {
   for (auto& bucket : buckets_) {
     auto it = optimizer_.state().find(bucket.shard.unsafeGetTensorImpl());
     if (it == optimizer_.state().end()) continue;
-    std::vector<std::pair<std::string, at::Tensor>> per_param_keys;
     std::vector<std::vector<std::pair<std::string, at::Tensor>>> per_param(bucket.params.size());
     for (auto& [key, t] : state_tensors(kind_, *it->second)) {
       if (t.dim() == 0) {  // step: one for the whole shard
@@ -254,17 +219,17 @@ std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> GradientShardedO
     const auto& bucket = buckets_[b];
     size_t with_state = 0;
     std::map<std::string, at::Tensor> slices;
-    std::string step_of_first;
+    std::optional<int64_t> step;  // a shard has one
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const auto* state = state_of(params_[bucket.params[k]]);
       if (!state) continue;
       ++with_state;
       for (auto& [key, t] : state_tensors(kind_, *state)) {
         if (t.dim() == 0) {
-          const std::string value = std::to_string(t.item<int64_t>());
-          TANDEM_CHECK(step_of_first.empty() || step_of_first == value, "ZeRO-2: the parameters of one bucket have "
-                       "different step counts (", step_of_first, " and ", value, "); a flat shard has one");
-          step_of_first = value;
+          const int64_t value = t.item<int64_t>();
+          TANDEM_CHECK(!step || *step == value, "ZeRO-2: the parameters of one bucket have different step counts (",
+                       *step, " and ", value, "); a flat shard has one");
+          step = value;
           slices[key] = t;
           continue;
         }
@@ -295,7 +260,5 @@ void GradientShardedOptimizer::install_state(std::vector<std::unique_ptr<torch::
     if (built[b]) optimizer_.state()[key] = std::move(built[b]);
   }
 }
-
-
 
 }  // namespace tandem::zero

@@ -4,7 +4,7 @@
 
 #include "tandem/error.h"
 #include "tandem/zero/partition.h"
-#include "zero/agreed_step.h"
+#include "zero/step_guards.h"
 
 namespace tandem::zero {
 
@@ -22,38 +22,6 @@ namespace tandem::zero {
 // search over every parameter at once) and is refused. The groups get every parameter back when the ShardedOptimizer goes, so the
 // optimizer is whole again (with state for the parameters this rank owned).
 
-namespace {
-
-bool same_tensors(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!a[i].is_same(b[i])) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
-bool agreed_step(comm::ProcessGroup& pg, const std::function<bool()>& step) {
-  // Every rank must step, or skip, alike: the exchange after it is collective. A step that
-  // throws or disagrees (a GradScaler without the process group) fails on every rank, not hangs.
-  int status = 0;  // 1 stepped, 0 skipped, -1 failed
-  std::string failure;
-  try {
-    status = step() ? 1 : 0;
-  } catch (const std::exception& e) {
-    status = -1;
-    failure = one_line(e);
-  }
-  at::Tensor agreed = at::tensor({static_cast<double>(status), -static_cast<double>(status)}, at::kDouble);
-  pg.all_reduce(agreed, comm::ReduceOp::Max);
-  const int most = static_cast<int>(agreed[0].item<double>()), least = -static_cast<int>(agreed[1].item<double>());
-  TANDEM_CHECK(least >= 0, "ZeRO: ", failure.empty() ? "another rank's optimizer step failed (its log says why)" : failure);
-  TANDEM_CHECK(most == least,
-               "ZeRO: the ranks disagree on whether to step (some stepped, some skipped): a GradScaler "
-               "must check for inf/NaN across ranks (build it with the process group, as the Accelerator does)");
-  return status == 1;
-}
 
 ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<comm::ProcessGroup> pg)
     : optimizer_(optimizer), pg_(std::move(pg)) {
@@ -85,14 +53,6 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, std::shar
   }
 }
 
-void ShardedOptimizer::check_unchanged() const {
-  const auto& groups = optimizer_.param_groups();
-  bool same = groups.size() == owned_.size();
-  for (size_t g = 0; same && g < owned_.size(); ++g) same = same_tensors(groups[g].params(), owned_[g]);
-  TANDEM_CHECK(same,
-               "ShardedOptimizer: the optimizer's param groups changed after it was sharded (a group or a parameter "
-               "added or removed); build a new ShardedOptimizer over the changed optimizer");
-}
 
 void ShardedOptimizer::step() {
   step([](torch::optim::Optimizer& optimizer) {
@@ -102,7 +62,7 @@ void ShardedOptimizer::step() {
 }
 
 bool ShardedOptimizer::step(const std::function<bool(torch::optim::Optimizer&)>& stepper) {
-  check_unchanged();
+  check_groups_unchanged(optimizer_, owned_, "ShardedOptimizer");
   for (const auto& group : all_) {
     for (const auto& p : group) {
       TANDEM_CHECK(!p.grad().defined() || !p.grad().is_sparse(),

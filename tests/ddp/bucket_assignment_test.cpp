@@ -74,6 +74,17 @@ TEST(BucketAssignment, FirstBucketIsSmallAndKindsNeverMix) {
   }
 }
 
+// ZeRO-2's buckets (Note [Flat shards]): the group is part of a bucket's kind, each kind fills its
+// own bucket, and with an order the buckets stay in the order they filled.
+TEST(BucketAssignment, GroupsNeverShareABucket) {
+  std::vector<TensorSpec> t(6, TensorSpec{400, c10::ScalarType::Float});
+  for (size_t i = 0; i < t.size(); ++i) t[i].group = static_cast<int64_t>(i % 2);  // weights, biases, alternating
+  auto a = compute_bucket_assignment(t, {1000}, {5, 4, 3, 2, 1, 0});
+  EXPECT_EQ(a.buckets, (std::vector<std::vector<int64_t>>{{5, 3, 1}, {4, 2, 0}}));
+  auto b = compute_bucket_assignment(t, {800}, {5, 4, 3, 2, 1, 0});
+  EXPECT_EQ(b.buckets, (std::vector<std::vector<int64_t>>{{5, 3}, {4, 2}, {1}, {0}}));
+}
+
 TEST(BucketAssignment, RejectsBadInput) {
   std::vector<TensorSpec> t(2);
   EXPECT_THROW(compute_bucket_assignment(t, {}), tandem::Error);

@@ -231,6 +231,7 @@ class Accelerator {
   void on_batch(const accelerate::LoaderProgress& progress);
   std::pair<int64_t, int64_t> share_of(int64_t n) const;
   data::DistributedSamplerOptions sampler_options(bool shuffle) const;
+  std::optional<size_t> index_of(const torch::optim::Optimizer& optimizer) const;  // in optimizers_
   zero::ShardedOptimizer* sharded_of(const torch::optim::Optimizer& optimizer) const;
   zero::GradientShardedOptimizer* flat_of(const torch::optim::Optimizer& optimizer) const;
   // Checkpoints (accelerator_state.cpp): each prepared model's named tensors, optimizer o's param

@@ -3,7 +3,7 @@
 // from the stateful reducer, so it is tested without any process group (as c10d does).
 //
 // Note [Bucket assignment] (the rule of c10d's compute_bucket_assignment_by_size)
-// - Walk the tensors in the given order. Each (dtype, device) has its own open bucket and its own
+// - Walk the tensors in the given order. Each (dtype, device, group) has its own open bucket and its own
 //   position in `size_limits`; a tensor joins the open bucket of its kind, and when that bucket
 //   reaches its current limit it is closed and the kind moves to the next limit (the last limit
 //   repeats). With limits {1 MB, 25 MB}, each kind's first bucket is small.
@@ -29,6 +29,7 @@ struct TensorSpec {
   int64_t bytes = 0;
   c10::ScalarType dtype = c10::ScalarType::Float;
   c10::Device device = c10::Device(c10::DeviceType::CPU);
+  int64_t group = 0;  // tensors of different groups never share a bucket (ZeRO-2: param groups)
 };
 
 struct BucketAssignment {

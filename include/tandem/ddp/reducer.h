@@ -106,7 +106,7 @@ class Reducer {
   /// Note [Sharded gradients]: ZeRO-2 from the next backward on. `assignment` lists each bucket's
   /// parameter indices (every parameter once, one dtype and device per bucket), in launch order.
   /// Before the first forward; throws tandem::Error for the options it cannot work with.
-  void shard_gradients(const std::vector<std::vector<size_t>>& assignment);
+  void shard_gradients(const BucketAssignment& assignment);
   bool shards_gradients() const { return sharded_; }
   const DistributedDataParallelOptions& options() const { return options_; }
   /// This rank's averaged slice of bucket `b` after the last synced backward (Note [Sharded gradients]).

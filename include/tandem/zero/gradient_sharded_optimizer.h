@@ -97,7 +97,6 @@ class GradientShardedOptimizer {
     at::Tensor shard;               // this rank's slice: the optimizer's parameter
     std::vector<Piece> mine;
   };
-  void check_unchanged() const;
   void gather_parameters();
 
   torch::optim::Optimizer& optimizer_;

@@ -58,7 +58,6 @@ class ShardedOptimizer {
   comm::ProcessGroup& process_group() { return *pg_; }
 
  private:
-  void check_unchanged() const;
   void sync_parameters();
 
   torch::optim::Optimizer& optimizer_;
