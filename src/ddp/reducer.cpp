@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "common/ready_hook.h"
+#include "common/storage_alias.h"
 #include "common/scope_exit.h"
 #include "tandem/comm/shard_layout.h"
 #include "tandem/error.h"
@@ -170,13 +171,8 @@ void Reducer::allocate_contents(Bucket& bucket) {
   int64_t offset = 0;
   for (auto i : bucket.parameters) {
     auto& param = parameters_[i];
-    // An alias of the bucket's storage, not an autograd view: LibTorch's Optimizer::zero_grad
-    // calls detach_() on every gradient, which autograd refuses for views.
-    at::Tensor view = at::empty({0}, bucket.contents.options());
-    view.set_(bucket.contents.storage(), bucket.contents.storage_offset() + offset, param.sizes(),
-              c10::contiguous_strides(param.sizes()));
+    bucket.views.push_back(tandem::detail::storage_alias(bucket.contents, offset, param.sizes()));
     offset += param.numel();
-    bucket.views.push_back(view);
   }
 }
 

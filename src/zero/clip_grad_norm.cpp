@@ -50,4 +50,31 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vect
   return total.item<double>();
 }
 
+double clip_sharded_grad_norm(const std::vector<at::Tensor>& grads, comm::ProcessGroup& pg, double max_norm,
+                              double norm_type) {
+  at::NoGradGuard no_grad;
+  const bool inf = std::isinf(norm_type);
+  double local = 0;
+  for (const auto& g : grads) {
+    if (!g.defined() || g.numel() == 0) continue;
+    if (inf) {
+      const double m = g.abs().max().item<double>();
+      local = std::isnan(m) || std::isnan(local) ? std::nan("") : std::max(local, m);
+    } else {
+      local += g.to(at::kDouble).abs().pow(norm_type).sum().item<double>();
+    }
+  }
+  at::Tensor total = at::full({1}, local, at::kDouble);
+  pg.all_reduce(total, inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum);
+  const double norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / norm_type);
+  // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, every gradient multiplied.
+  // NaN propagates as in torch (clamp keeps NaN; std::min would not).
+  const double raw = max_norm / (static_cast<double>(static_cast<float>(norm)) + 1e-6);
+  const float coef = static_cast<float>(std::isnan(raw) ? raw : std::min(1.0, raw));
+  for (const auto& g : grads) {
+    if (g.defined()) g.mul_(coef);
+  }
+  return static_cast<float>(norm);
+}
+
 }  // namespace tandem::zero

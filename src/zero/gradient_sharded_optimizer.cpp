@@ -11,6 +11,7 @@
 #include "tandem/ddp/bucket_assignment.h"
 #include "tandem/ddp/options.h"
 #include "tandem/error.h"
+#include "tandem/zero/clip_grad_norm.h"
 #include "zero/step_guards.h"
 
 namespace tandem::zero {
@@ -144,28 +145,9 @@ void GradientShardedOptimizer::zero_grad() {
 }
 
 double GradientShardedOptimizer::clip_grad_norm(double max_norm, double norm_type) {
-  at::NoGradGuard no_grad;
-  const bool inf = std::isinf(norm_type);
-  double local = 0;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const at::Tensor& g = reducer_.gradient_shard(b);
-    if (g.numel() == 0) continue;
-    if (inf) {
-      const double m = g.abs().max().item<double>();
-      local = std::isnan(m) || std::isnan(local) ? std::nan("") : std::max(local, m);
-    } else {
-      local += g.to(at::kDouble).abs().pow(norm_type).sum().item<double>();
-    }
-  }
-  at::Tensor total = at::full({1}, local, at::kDouble);
-  pg_->all_reduce(total, inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum);
-  const double norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / norm_type);
-  // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, every gradient multiplied.
-  // NaN propagates as in torch (clamp keeps NaN; std::min would not).
-  const double raw = max_norm / (static_cast<double>(static_cast<float>(norm)) + 1e-6);
-  const float coef = static_cast<float>(std::isnan(raw) ? raw : std::min(1.0, raw));
-  for (size_t b = 0; b < buckets_.size(); ++b) reducer_.gradient_shard(b).mul_(coef);
-  return static_cast<float>(norm);
+  std::vector<at::Tensor> shards;
+  for (size_t b = 0; b < buckets_.size(); ++b) shards.push_back(reducer_.gradient_shard(b));
+  return clip_sharded_grad_norm(shards, *pg_, max_norm, norm_type);
 }
 
 int64_t GradientShardedOptimizer::shard_numel() const {

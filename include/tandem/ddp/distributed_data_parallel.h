@@ -29,6 +29,7 @@
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/comm_hook.h"
 #include "tandem/ddp/options.h"
+#include "tandem/ddp/output_tensors.h"
 #include "tandem/ddp/reducer.h"
 
 namespace tandem::ddp {
@@ -71,51 +72,6 @@ class DdpCore {
   bool sync_ = true;
   bool joining_ = false;
   int buffer_source_ = 0;              // rank 0, or in join mode the highest rank still training
-};
-
-// The tensors of a forward's output, for find_unused_parameters' graph walk and for noticing
-// that backward started. collect() returns false when part of the value could not be looked into.
-template <typename T>
-struct OutputTensors {  // numbers and strings hold no tensor; any other type is opaque to DDP
-  static bool collect(const T&, std::vector<at::Tensor>&) {
-    return std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_same_v<T, std::string>;
-  }
-};
-template <>
-struct OutputTensors<at::Tensor> {
-  static bool collect(const at::Tensor& t, std::vector<at::Tensor>& out) {
-    out.push_back(t);
-    return true;
-  }
-};
-template <typename T>
-struct OutputTensors<std::vector<T>> {
-  static bool collect(const std::vector<T>& values, std::vector<at::Tensor>& out) {
-    bool complete = true;
-    for (const auto& v : values) complete = OutputTensors<T>::collect(v, out) && complete;
-    return complete;
-  }
-};
-template <typename T>
-struct OutputTensors<std::optional<T>> {
-  static bool collect(const std::optional<T>& value, std::vector<at::Tensor>& out) {
-    return !value || OutputTensors<T>::collect(*value, out);
-  }
-};
-template <typename... Ts>
-struct OutputTensors<std::tuple<Ts...>> {
-  static bool collect(const std::tuple<Ts...>& tuple, std::vector<at::Tensor>& out) {
-    return std::apply([&](const auto&... parts) {
-      return (OutputTensors<std::decay_t<decltype(parts)>>::collect(parts, out) & ... & true);
-    }, tuple);
-  }
-};
-template <typename A, typename B>
-struct OutputTensors<std::pair<A, B>> {
-  static bool collect(const std::pair<A, B>& pair, std::vector<at::Tensor>& out) {
-    const bool first = OutputTensors<A>::collect(pair.first, out);
-    return OutputTensors<B>::collect(pair.second, out) && first;
-  }
 };
 
 }  // namespace detail

@@ -19,4 +19,11 @@ namespace tandem::zero {
 double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vector<const ShardedOptimizer*>& sharded,
                       comm::ProcessGroup& pg, double max_norm, double norm_type = 2.0);
 
+/// The same when every rank holds disjoint pieces of the gradients (ZeRO-2's slices, FSDP's
+/// shards): `grads` are this rank's pieces; their norms are summed over ranks (in double, one
+/// all-reduce), and every piece is scaled by torch's coefficient. Returns the total norm, the
+/// same on every rank. Collective.
+double clip_sharded_grad_norm(const std::vector<at::Tensor>& grads, comm::ProcessGroup& pg, double max_norm,
+                              double norm_type = 2.0);
+
 }  // namespace tandem::zero

@@ -1,0 +1,81 @@
+#pragma once
+// The part of FullyShardedDataParallel that does not depend on the wrapped module's type: its
+// units' sharded storage and the schedule of gathers, frees and reduce-scatters (Note [FSDP
+// schedule] in engine.cpp). Programs use FullyShardedDataParallel (fully_sharded_data_parallel.h).
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include "tandem/comm/process_group.h"
+#include "tandem/fsdp/options.h"
+
+namespace tandem::fsdp {
+
+/// What one rank holds of the model's state, in bytes, counted from the tensors (not RSS).
+struct MemoryBytes {
+  int64_t parameter_shards = 0;   // at rest: this rank's shards, padding included
+  int64_t gathered = 0;           // whole parameters of units gathered now
+  int64_t gradient_shards = 0;    // the shards' gradients
+  int64_t full_gradients = 0;     // whole gradients on the parameters (accumulation under no_sync)
+};
+
+/// One sharding unit, as the engine sees it.
+struct UnitInfo {
+  std::string name;               // its path in the root ("" for the root's own parameters)
+  int64_t numel = 0;              // elements of its parameters, whole
+  int64_t shard_numel = 0;        // elements of one rank's shards, padding included
+};
+
+namespace detail {
+
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  /// Finds the root's units, shards their parameters and those of no unit (the root unit).
+  static std::shared_ptr<Engine> create(torch::nn::Module& root, std::shared_ptr<comm::ProcessGroup> pg,
+                                        FullyShardOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void root_pre_forward();
+  void root_post_forward(const std::vector<at::Tensor>& outputs, bool complete);
+  /// Rethrows a failure of the root's forward, as one line that names the units not gathered then.
+  [[noreturn]] void forward_failed(std::exception_ptr error);
+  void unit_pre_forward(size_t unit);
+  void unit_post_forward(size_t unit, const std::vector<at::Tensor>& outputs, bool complete);
+
+  bool sync() const;
+  void set_sync(bool enabled);
+
+  /// The optimizer's parameters: each parameter's shard (its owned rows), under the parameter's
+  /// name, in the root's order.
+  std::vector<std::pair<std::string, at::Tensor>> named_shards() const;
+  /// The shard of one of the root's parameters (undefined when it is not one).
+  at::Tensor shard_of(const at::Tensor& parameter) const;
+  /// Every parameter whole (copies), by name. Collective.
+  std::vector<std::pair<std::string, at::Tensor>> gather_parameters();
+  /// torch.nn.utils.clip_grad_norm_ over the shards' gradients of every rank. Collective.
+  double clip_grad_norm(double max_norm, double norm_type);
+  MemoryBytes memory() const;
+  std::vector<UnitInfo> units() const;
+  const std::shared_ptr<comm::ProcessGroup>& process_group() const;
+
+  // The autograd side (engine.cpp's hooks).
+  void pre_backward(size_t unit);
+  void on_gradient(size_t unit);
+  void end_of_backward();
+
+ private:
+  Engine();
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace detail
+}  // namespace tandem::fsdp

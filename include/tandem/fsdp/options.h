@@ -1,0 +1,23 @@
+#pragma once
+// Options of tandem::fsdp::FullyShardedDataParallel (PyTorch FSDP2's fully_shard arguments where
+// they exist).
+#include <cstdint>
+
+#include <torch/arg.h>
+
+namespace tandem::fsdp {
+
+struct FullyShardOptions {
+  /// Free a unit's gathered parameters after its forward and gather them again for its backward
+  /// (FSDP2's default). Off: a unit stays gathered from its forward to the end of backward, which
+  /// is ZeRO-2's memory for one all-gather less per unit and step. The root unit always stays.
+  TORCH_ARG(bool, reshard_after_forward) = true;
+  /// Gather the next unit (in the order the last step ran them) while this one computes, in
+  /// forward and in backward. Off: each unit gathers when it runs, nothing overlaps.
+  TORCH_ARG(bool, prefetch) = true;
+  /// Start from rank 0's parameters and buffers (a broadcast at wrap time), as DDP does and
+  /// FSDP1's sync_module_states=True. Off: every rank must have built the same weights.
+  TORCH_ARG(bool, sync_module_states) = true;
+};
+
+}  // namespace tandem::fsdp

@@ -1,0 +1,85 @@
+#pragma once
+// tandem::fsdp::Unit: marks a module as one sharding unit of FullyShardedDataParallel
+// (docs/design/fsdp.md). LibTorch modules have no forward hooks, so the unit is a module in the
+// tree that runs the wrapped module's forward between "gather my parameters" and "free them".
+//
+// The unit adopts the wrapped module's parameters, buffers and children under their own names, so
+// the model's parameter names do not change (a checkpoint written under DDP names the same
+// tensors). Put units where the model's forward calls them through the tree:
+//
+//   auto blocks = torch::nn::Sequential(Block(...), Block(...));
+//   tandem::fsdp::wrap_entries(*blocks);            // each entry becomes a Unit, in place
+//   // or by hand, in a module of your own:
+//   block1 = register_module("block1", tandem::fsdp::Unit(Block(...)));
+//   x = block1->forward(x);                          // or block1->call<at::Tensor>(x, mask)
+//
+// A module inside a unit must be called through the unit: its parameters are empty while the
+// unit is at rest.
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/pimpl.h>
+
+#include "tandem/ddp/output_tensors.h"
+
+namespace tandem::fsdp {
+namespace detail {
+
+class Engine;
+/// Called by units around the wrapped forward (engine.cpp).
+void unit_pre_forward(Engine& engine, size_t unit);
+/// `complete`: every tensor of the output is in `outputs` (else the unit stays gathered until the
+/// end of backward, as its backward cannot be hooked).
+void unit_post_forward(Engine& engine, size_t unit, const std::vector<at::Tensor>& outputs, bool complete);
+
+}  // namespace detail
+
+class UnitImpl : public torch::nn::Module {
+ public:
+  /// Wraps `module` (any module with a forward). Throws tandem::Error when it is a Unit already.
+  explicit UnitImpl(torch::nn::AnyModule module);
+  template <typename M>
+  explicit UnitImpl(torch::nn::ModuleHolder<M> module) : UnitImpl(torch::nn::AnyModule(std::move(module))) {}
+  template <typename M>
+  explicit UnitImpl(std::shared_ptr<M> module) : UnitImpl(torch::nn::AnyModule(std::move(module))) {}
+
+  /// The wrapped module's forward on one tensor (what torch::nn::Sequential calls).
+  at::Tensor forward(at::Tensor input) { return call<at::Tensor>(std::move(input)); }
+  /// The wrapped module's forward with any arguments, returning `R`.
+  template <typename R = at::Tensor, typename... Args>
+  R call(Args&&... args) {
+    auto engine = engine_.lock();
+    if (engine) detail::unit_pre_forward(*engine, index_);
+    R output = inner_.forward<R>(std::forward<Args>(args)...);
+    if (engine) {
+      std::vector<at::Tensor> tensors;
+      const bool complete = ddp::detail::OutputTensors<R>::collect(output, tensors);
+      detail::unit_post_forward(*engine, index_, tensors, complete);
+    }
+    return output;
+  }
+
+  /// The wrapped module.
+  const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
+  void train(bool on = true) override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// Set by FullyShardedDataParallel when it takes the unit (engine.cpp).
+  void attach(std::weak_ptr<detail::Engine> engine, size_t index);
+  bool attached() const { return !engine_.expired(); }
+
+ private:
+  torch::nn::AnyModule inner_;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::weak_ptr<detail::Engine> engine_;
+  size_t index_ = 0;
+};
+TORCH_MODULE(Unit);
+
+}  // namespace tandem::fsdp

@@ -1,0 +1,421 @@
+// Note [FSDP schedule]
+// Units are the tandem::fsdp::Unit modules under the root, plus the root unit (the parameters of
+// no unit). Each parameter belongs to the innermost unit around it (Note [Unit layout] for how it
+// is stored). One training step:
+// - root forward: gather the root unit (it stays gathered until the end of backward: FSDP2 does
+//   not reshard the root after forward either); prefetch the first unit of the last step's order.
+// - unit forward: wait for its gather (or gather now); prefetch the next unit in the order the last
+//   step ran them; run it; free it (reshard_after_forward), unless its output could not be hooked
+//   (an opaque output type), in which case it stays gathered until the end of backward.
+// - unit backward: a pre-hook on the autograd node of each of the unit's outputs runs before any
+//   of the unit's backward: gather it again (or wait for its prefetch), prefetch the unit before it
+//   in forward order. Autograd saved the parameter tensors themselves, whose data is gathered
+//   again, so what backward reads is valid.
+// - gradients: a post-hook on each parameter's AccumulateGrad counts the unit's gradients; once
+//   all of a unit's have arrived, the unit is reduce-scattered (averaged, as DDP averages) while
+//   backward goes on, the whole gradients are dropped, and the unit is freed.
+// - end of backward (one callback queued by the first hook): units some of whose parameters got
+//   no gradient are reduce-scattered now (zeros for those), every reduce-scatter is waited for and
+//   added into the shards' gradients, every unit is freed.
+// - no_sync (the forward decides, as in DDP): nothing is reduced; the whole gradients stay on the
+//   parameters and accumulate, and the next synced backward reduce-scatters their sum: memory of
+//   one whole gradient, as DDP's accumulation costs.
+// Every rank must run the same units in the same order (the same graph), as in PyTorch's FSDP.
+#include "tandem/fsdp/engine.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "common/ready_hook.h"
+#include "fsdp/unit_shard.h"
+#include "tandem/error.h"
+#include "tandem/fsdp/unit.h"
+#include "tandem/zero/clip_grad_norm.h"
+
+namespace tandem::fsdp::detail {
+namespace {
+
+// Runs before an autograd node executes: a unit's backward is about to start.
+class BeforeBackward : public torch::autograd::FunctionPreHook {
+ public:
+  BeforeBackward(std::weak_ptr<Engine> engine, size_t unit) : engine_(std::move(engine)), unit_(unit) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (auto engine = engine_.lock()) engine->pre_backward(unit_);
+    return grads;
+  }
+
+ private:
+  std::weak_ptr<Engine> engine_;
+  size_t unit_;
+};
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
+
+struct Engine::State {
+  std::shared_ptr<comm::ProcessGroup> pg;
+  FullyShardOptions options;
+  torch::nn::Module* root = nullptr;
+  std::vector<std::unique_ptr<UnitShard>> units;  // the Unit modules' in tree order, then the root unit
+  std::vector<UnitImpl*> modules;                 // the Unit modules (units.size() or one fewer)
+  std::optional<size_t> root_unit;
+  std::vector<at::TensorImpl*> identity;          // the root's parameters as wrapped, in order
+  std::unordered_map<const at::TensorImpl*, std::pair<size_t, size_t>> where;  // parameter -> (unit, slot)
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<uintptr_t> hook_keys;
+
+  std::mutex mutex;
+  bool sync = true;
+  bool synced_forward = true;          // what the last forward decided for its backward
+  std::vector<size_t> order, last_order;  // units as this forward and the last one ran them
+  std::vector<bool> keep;              // not freed after forward (output not hookable)
+  std::vector<int64_t> expected, ready;  // gradients per unit: needed, arrived in this backward
+  bool backward_started = false;
+  bool backward_pending = false;       // a forward's outputs wait for their backward
+};
+
+Engine::Engine() : s_(std::make_unique<State>()) {}
+
+Engine::~Engine() {
+  for (size_t i = 0; i < s_->accumulators.size(); ++i) s_->accumulators[i]->del_post_hook(s_->hook_keys[i]);
+}
+
+std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<comm::ProcessGroup> pg,
+                                       FullyShardOptions options) {
+  std::shared_ptr<Engine> engine(new Engine());
+  State& s = *engine->s_;
+  s.pg = std::move(pg);
+  s.options = options;
+  s.root = &root;
+
+  // The units, each once.
+  std::vector<std::pair<std::string, UnitImpl*>> found;
+  std::unordered_map<UnitImpl*, std::string> seen;
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    auto* unit = dynamic_cast<UnitImpl*>(item.value().get());
+    if (!unit) continue;
+    auto [it, fresh] = seen.emplace(unit, item.key());
+    TANDEM_CHECK(fresh, "fsdp: unit '", it->second, "' is also at '", item.key(),
+                 "': a module can be one unit, once");
+    TANDEM_CHECK(!unit->attached(), "fsdp: unit '", item.key(), "' already belongs to another FullyShardedDataParallel");
+    found.emplace_back(item.key(), unit);
+  }
+
+  // Each parameter to the innermost unit whose path prefixes its name; a tensor reachable under
+  // two names (a tied weight) must fall in one unit.
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> params(found.size() + 1);
+  std::unordered_map<const at::TensorImpl*, std::pair<size_t, std::string>> owner;
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    size_t best = found.size();  // the root unit
+    size_t best_length = 0;
+    for (size_t u = 0; u < found.size(); ++u) {
+      const std::string& prefix = found[u].first;
+      if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 && name[prefix.size()] == '.' &&
+          prefix.size() + 1 > best_length) {
+        best = u;
+        best_length = prefix.size() + 1;
+      }
+    }
+    const at::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+    auto [it, fresh] = owner.emplace(impl, std::make_pair(best, name));
+    if (!fresh) {
+      const size_t other = it->second.first;
+      TANDEM_CHECK(other == best, "fsdp: parameter '", it->second.second, "' is also '", name, "', in ",
+                   other == found.size() ? "the root" : "unit '" + found[other].first + "'", " and in ",
+                   best == found.size() ? "the root" : "unit '" + found[best].first + "'",
+                   ": a parameter shared by two units must be in one (leave both modules to the root)");
+      continue;
+    }
+    params[best].emplace_back(name, item.value());
+    s.identity.push_back(item.value().unsafeGetTensorImpl());
+  }
+
+  // Rank 0's weights everywhere (before anything is cut), as DDP starts.
+  if (options.sync_module_states() && s.pg->size() > 1) {
+    std::vector<at::Tensor> state;
+    for (auto& p : root.parameters()) state.push_back(p.detach());
+    for (auto& b : root.buffers()) state.push_back(b);
+    at::NoGradGuard no_grad;
+    s.pg->broadcast_coalesced(state, 0);
+  }
+
+  // The hooks before any data changes: AccumulateGrad keeps the shape it is created with.
+  for (size_t u = 0; u < params.size(); ++u) {
+    for (size_t i = 0; i < params[u].size(); ++i) {
+      const at::Tensor& p = params[u][i].second;
+      if (!p.requires_grad()) continue;
+      auto accumulator = torch::autograd::impl::grad_accumulator(p);
+      std::weak_ptr<Engine> weak = engine;
+      s.hook_keys.push_back(accumulator->add_post_hook(std::make_unique<tandem::detail::ReadyHook>([weak, u] {
+        if (auto e = weak.lock()) e->on_gradient(u);
+      })));
+      s.accumulators.push_back(std::move(accumulator));
+    }
+  }
+
+  for (size_t u = 0; u < found.size(); ++u) {
+    s.units.push_back(std::make_unique<UnitShard>(found[u].first, std::move(params[u]), *s.pg));
+    s.modules.push_back(found[u].second);
+  }
+  if (!params[found.size()].empty()) {
+    s.root_unit = s.units.size();
+    s.units.push_back(std::make_unique<UnitShard>("", std::move(params[found.size()]), *s.pg));
+  }
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    for (size_t i = 0; i < s.units[u]->slots().size(); ++i) {
+      s.where[s.units[u]->slots()[i].param.unsafeGetTensorImpl()] = {u, i};
+    }
+  }
+  s.keep.assign(s.units.size(), false);
+  s.ready.assign(s.units.size(), 0);
+  s.expected.assign(s.units.size(), 0);
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    for (const auto& slot : s.units[u]->slots()) s.expected[u] += slot.param.requires_grad() ? 1 : 0;
+  }
+  for (size_t u = 0; u < found.size(); ++u) found[u].second->attach(engine, u);
+  return engine;
+}
+
+void Engine::root_pre_forward() {
+  State& s = *s_;
+  // The parameters the units hold must be the module's, unchanged since wrapping.
+  for (const auto& item : s.root->named_parameters(/*recurse=*/true)) {
+    TANDEM_CHECK(s.where.count(item.value().unsafeGetTensorImpl()), "fsdp: parameter '", item.key(),
+                 "' was replaced after sharding: change parameters before wrapping the model");
+  }
+  for (const auto& unit : s.units) {
+    const std::string replaced = unit->replaced_parameter();
+    TANDEM_CHECK(replaced.empty(), "fsdp: parameter '", replaced,
+                 "' was replaced after sharding (its data changed): change parameters before wrapping the model");
+  }
+  // A forward whose backward never ran (evaluation with grad mode on, a failed step): start clean.
+  if (s.backward_pending || s.backward_started) end_of_backward();
+  if (!s.order.empty()) s.last_order = s.order;
+  s.order.clear();
+  s.synced_forward = s.sync;
+  if (s.root_unit) s.units[*s.root_unit]->finish_gather();
+  if (s.options.prefetch() && !s.last_order.empty()) s.units[s.last_order.front()]->start_gather();
+}
+
+void Engine::root_post_forward(const std::vector<at::Tensor>& outputs, bool complete) {
+  State& s = *s_;
+  bool hooked = false;
+  if (at::GradMode::is_enabled()) {
+    std::unordered_set<torch::autograd::Node*> done;
+    for (const auto& out : outputs) {
+      if (!out.defined() || !out.requires_grad() || !out.grad_fn()) continue;
+      if (!done.insert(out.grad_fn().get()).second) continue;
+      out.grad_fn()->add_pre_hook(std::make_unique<BeforeBackward>(weak_from_this(), s.root_unit.value_or(s.units.size())));
+      hooked = true;
+    }
+  }
+  (void)complete;  // the root stays gathered until backward ends whatever its output
+  if (hooked) {
+    s.backward_pending = true;
+  } else {
+    for (auto& unit : s.units) unit->reshard();  // no backward follows this forward
+  }
+}
+
+void Engine::unit_pre_forward(size_t unit) {
+  State& s = *s_;
+  s.order.push_back(unit);
+  s.units[unit]->finish_gather();
+  // The next unit of the last step's order, if this step has followed it so far.
+  const size_t k = s.order.size();
+  if (s.options.prefetch() && k < s.last_order.size() && s.last_order[k - 1] == unit) {
+    s.units[s.last_order[k]]->start_gather();
+  }
+}
+
+void Engine::unit_post_forward(size_t unit, const std::vector<at::Tensor>& outputs, bool complete) {
+  State& s = *s_;
+  bool needs_backward = false, hookable = complete;
+  if (at::GradMode::is_enabled()) {
+    std::unordered_set<torch::autograd::Node*> done;
+    for (const auto& out : outputs) {
+      if (!out.defined() || !out.requires_grad()) continue;
+      needs_backward = true;
+      if (!out.grad_fn()) {
+        hookable = false;
+        continue;
+      }
+      if (done.insert(out.grad_fn().get()).second) {
+        out.grad_fn()->add_pre_hook(std::make_unique<BeforeBackward>(weak_from_this(), unit));
+      }
+    }
+    if (!complete) needs_backward = true;  // an output we could not look into may need it
+  }
+  if (needs_backward && !hookable) s.keep[unit] = true;
+  if (s.options.reshard_after_forward() && !s.keep[unit]) s.units[unit]->reshard();
+}
+
+void Engine::forward_failed(std::exception_ptr error) {
+  State& s = *s_;
+  std::string at_rest;
+  for (size_t u = 0; u < s.modules.size(); ++u) {
+    if (!s.units[u]->gathered()) at_rest += (at_rest.empty() ? "'" : ", '") + s.units[u]->name() + "'";
+  }
+  // Nothing of this forward will be backwarded: free what it gathered.
+  s.backward_pending = false;
+  for (auto& unit : s.units) {
+    if (unit->gathering()) unit->finish_gather();
+    unit->reshard();
+  }
+  try {
+    std::rethrow_exception(error);
+  } catch (const tandem::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (at_rest.empty()) throw;
+    throw tandem::Error("fsdp: the forward failed while units " + at_rest +
+                        " held no parameters (a module inside a unit must be called through its tandem::fsdp::Unit): " +
+                        first_line(e.what()));
+  }
+}
+
+bool Engine::sync() const { return s_->sync; }
+void Engine::set_sync(bool enabled) { s_->sync = enabled; }
+
+void Engine::pre_backward(size_t unit) {
+  State& s = *s_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.backward_started) {
+    s.backward_started = true;
+    std::fill(s.ready.begin(), s.ready.end(), 0);
+    std::weak_ptr<Engine> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto e = weak.lock()) e->end_of_backward();
+    });
+  }
+  const bool root = unit >= s.units.size() || s.root_unit == unit;
+  if (unit < s.units.size()) s.units[unit]->finish_gather();
+  if (!s.options.prefetch()) return;
+  if (root) {  // backward starts with the last unit of the forward
+    if (!s.order.empty()) s.units[s.order.back()]->start_gather();
+    return;
+  }
+  // The unit before this one in forward order runs next in backward.
+  for (size_t k = s.order.size(); k-- > 0;) {
+    if (s.order[k] != unit) continue;
+    if (k > 0) s.units[s.order[k - 1]]->start_gather();
+    break;
+  }
+}
+
+void Engine::on_gradient(size_t unit) {
+  State& s = *s_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.backward_started) return;  // a backward that did not start from this model's output
+  if (++s.ready[unit] != s.expected[unit]) return;
+  if (s.synced_forward) s.units[unit]->start_reduce();
+  if (s.root_unit != unit) s.units[unit]->reshard();
+}
+
+void Engine::end_of_backward() {
+  State& s = *s_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const bool synced = s.synced_forward && s.backward_started;
+  s.backward_started = s.backward_pending = false;
+  std::fill(s.keep.begin(), s.keep.end(), false);
+  std::exception_ptr failure;
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    try {
+      if (synced && s.expected[u] > 0 && s.ready[u] != s.expected[u]) s.units[u]->start_reduce();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  for (auto& unit : s.units) {
+    try {
+      if (unit->gathering()) unit->finish_gather();
+      unit->finish_reduce();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+    unit->reshard();
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Engine::named_shards() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto* impl : s_->identity) {
+    const auto [u, i] = s_->where.at(impl);
+    const auto& slot = s_->units[u]->slots()[i];
+    out.emplace_back(slot.name, slot.shard);
+  }
+  return out;
+}
+
+at::Tensor Engine::shard_of(const at::Tensor& parameter) const {
+  auto it = s_->where.find(parameter.unsafeGetTensorImpl());
+  if (it == s_->where.end()) return {};
+  return s_->units[it->second.first]->slots()[it->second.second].shard;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Engine::gather_parameters() {
+  State& s = *s_;
+  std::map<const at::TensorImpl*, at::Tensor> whole;
+  for (auto& unit : s.units) {
+    const bool was = unit->gathered();
+    unit->finish_gather();
+    for (const auto& slot : unit->slots()) whole[slot.param.unsafeGetTensorImpl()] = slot.param.detach().clone();
+    if (!was) unit->reshard();
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto* impl : s.identity) {
+    const auto [u, i] = s.where.at(impl);
+    out.emplace_back(s.units[u]->slots()[i].name, whole.at(impl));
+  }
+  return out;
+}
+
+double Engine::clip_grad_norm(double max_norm, double norm_type) {
+  std::vector<at::Tensor> grads;
+  for (const auto& unit : s_->units) {
+    for (const auto& slot : unit->slots()) grads.push_back(slot.shard.grad());
+  }
+  return zero::clip_sharded_grad_norm(grads, *s_->pg, max_norm, norm_type);
+}
+
+MemoryBytes Engine::memory() const {
+  MemoryBytes m;
+  for (const auto& unit : s_->units) {
+    const int64_t element = static_cast<int64_t>(c10::elementSize(unit->dtype()));
+    m.parameter_shards += unit->shard_numel() * element;
+    m.gathered += unit->gathered_numel() * element;
+    m.full_gradients += unit->full_grad_numel() * element;
+    for (const auto& slot : unit->slots()) {
+      if (slot.shard.grad().defined()) m.gradient_shards += slot.shard.grad().numel() * element;
+    }
+  }
+  return m;
+}
+
+std::vector<UnitInfo> Engine::units() const {
+  std::vector<UnitInfo> out;
+  for (const auto& unit : s_->units) out.push_back({unit->name(), unit->unsharded_numel(), unit->shard_numel()});
+  return out;
+}
+
+const std::shared_ptr<comm::ProcessGroup>& Engine::process_group() const { return s_->pg; }
+
+void unit_pre_forward(Engine& engine, size_t unit) { engine.unit_pre_forward(unit); }
+void unit_post_forward(Engine& engine, size_t unit, const std::vector<at::Tensor>& outputs, bool complete) {
+  engine.unit_post_forward(unit, outputs, complete);
+}
+
+}  // namespace tandem::fsdp::detail

@@ -1,0 +1,173 @@
+#include "fsdp/unit_shard.h"
+
+#include <utility>
+
+#include <torch/csrc/autograd/generated/variable_factories.h>
+
+#include "common/storage_alias.h"
+#include "tandem/error.h"
+
+namespace tandem::fsdp::detail {
+
+UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg)
+    : name_(std::move(name)), pg_(pg), world_(pg.size()), rank_(pg.rank()) {
+  at::TensorOptions options;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& [param_name, param] = params[i];
+    if (i == 0) {
+      options = param.options().requires_grad(false);
+    } else {
+      TANDEM_CHECK(param.scalar_type() == options.dtype().toScalarType() && param.device() == options.device(),
+                   "fsdp: unit '", name_, "' mixes ", c10::toString(options.dtype().toScalarType()), " on ",
+                   options.device(), " and ", c10::toString(param.scalar_type()), " on ", param.device(), " ('",
+                   param_name, "'); put parameters of one dtype and device in a unit");
+    }
+    Slot slot;
+    slot.name = param_name;
+    slot.param = param;
+    slot.shape = param.sizes().vec();
+    slot.rows = param.dim() == 0 ? 1 : param.size(0);
+    slot.row_numel = slot.rows == 0 ? 0 : param.numel() / slot.rows;
+    slot.chunk_rows = (slot.rows + world_ - 1) / world_;
+    slot.owned_rows = std::max<int64_t>(0, std::min(slot.rows, (rank_ + 1) * slot.chunk_rows) - rank_ * slot.chunk_rows);
+    slot.offset = per_rank_;
+    per_rank_ += slot.chunk_rows * slot.row_numel;
+    slots_.push_back(std::move(slot));
+  }
+  local_ = at::zeros({per_rank_}, options);
+  for (auto& slot : slots_) {
+    const int64_t first = rank_ * slot.chunk_rows;
+    std::vector<int64_t> shard_shape = slot.shape.empty() ? std::vector<int64_t>{1} : slot.shape;
+    shard_shape[0] = slot.owned_rows;
+    at::Tensor mine = tandem::detail::storage_alias(local_, slot.offset, shard_shape);
+    if (slot.owned_rows > 0) {
+      at::Tensor whole = slot.param.detach().reshape({slot.rows, slot.row_numel});
+      mine.view({slot.owned_rows, slot.row_numel}).copy_(whole.narrow(0, first, slot.owned_rows));
+    }
+    // A leaf of its own (the optimizer's parameter) that shares the buffer's storage.
+    slot.shard = mine.requires_grad_(slot.param.requires_grad());
+  }
+  inverse_world_ = at::scalar_tensor(1.0 / static_cast<double>(world_), at::kDouble);
+  inverse_world_.unsafeGetTensorImpl()->set_wrapped_number(true);
+  reshard();
+}
+
+int64_t UnitShard::unsharded_numel() const {
+  int64_t n = 0;
+  for (const auto& slot : slots_) n += slot.rows * slot.row_numel;
+  return n;
+}
+
+void UnitShard::start_gather() {
+  if (gathered_ || gathering()) return;
+  if (world_ == 1 || per_rank_ == 0) {
+    gather_pending_ = true;
+    return;
+  }
+  gather_output_ = at::empty({world_ * per_rank_}, local_.options());
+  gather_work_ = pg_.all_gather_into_async(gather_output_, local_);
+}
+
+void UnitShard::finish_gather() {
+  if (gathered_) return;
+  if (!gathering()) start_gather();
+  at::Tensor rank_major;  // W x S: rank r's shards in row r
+  if (!gather_work_) {  // world 1, or nothing to gather
+    rank_major = local_.view({1, per_rank_}).expand({world_, per_rank_});
+  } else {
+    auto work = std::exchange(gather_work_, nullptr);
+    pg_.wait(work, "fsdp all-gather of unit '" + name_ + "'");
+    rank_major = std::exchange(gather_output_, at::Tensor()).view({world_, per_rank_});
+  }
+  gather_pending_ = false;
+  // Each parameter's rows contiguous: its W chunks one after the other, then the padding.
+  gathered_buffer_ = at::empty({world_ * per_rank_}, local_.options());
+  for (auto& slot : slots_) {
+    const int64_t chunk = slot.chunk_rows * slot.row_numel;
+    at::Tensor rows = gathered_buffer_.narrow(0, world_ * slot.offset, world_ * chunk);
+    if (chunk > 0) rows.view({world_, chunk}).copy_(rank_major.narrow(1, slot.offset, chunk));
+    at::NoGradGuard no_grad;
+    slot.param.set_data(rows.narrow(0, 0, slot.rows * slot.row_numel).view(slot.shape));
+  }
+  gathered_ = true;
+}
+
+void UnitShard::reshard() {
+  for (auto& slot : slots_) {
+    at::NoGradGuard no_grad;
+    slot.param.set_data(at::empty({0}, local_.options()));
+  }
+  gathered_buffer_ = at::Tensor();
+  gathered_ = false;
+}
+
+std::string UnitShard::replaced_parameter() const {
+  for (const auto& slot : slots_) {
+    const bool expected = gathered_ ? slot.param.sizes() == at::IntArrayRef(slot.shape) : slot.param.numel() == 0;
+    if (!expected) return slot.name;
+  }
+  return "";
+}
+
+void UnitShard::start_reduce() {
+  if (reducing()) return;
+  bool any = false;
+  for (const auto& slot : slots_) any = any || slot.param.requires_grad();
+  if (!any) return;
+  reduce_input_ = at::zeros({world_ * per_rank_}, local_.options());
+  at::Tensor rank_major = reduce_input_.view({world_, per_rank_});
+  for (auto& slot : slots_) {
+    at::Tensor grad = slot.param.grad();
+    if (!grad.defined()) continue;
+    at::Tensor flat = grad.reshape({-1});
+    for (int64_t r = 0; r < world_; ++r) {
+      const int64_t first = r * slot.chunk_rows;
+      const int64_t owned = std::max<int64_t>(0, std::min(slot.rows, first + slot.chunk_rows) - first);
+      if (owned == 0) break;
+      at::Tensor into = rank_major[r].narrow(0, slot.offset, owned * slot.row_numel);
+      // × 1/W while copying, as DDP's reducer does: the same rounding as DDP's average.
+      at::mul_out(into, flat.narrow(0, first * slot.row_numel, owned * slot.row_numel), inverse_world_);
+    }
+    slot.param.mutable_grad() = at::Tensor();  // the full-size gradient is not kept
+  }
+  if (world_ == 1 || per_rank_ == 0) {
+    reduce_output_ = reduce_input_.narrow(0, 0, per_rank_);
+    reduce_pending_ = true;
+    return;
+  }
+  reduce_output_ = at::empty({per_rank_}, local_.options());
+  reduce_work_ = pg_.reduce_scatter_async(reduce_output_, reduce_input_);
+}
+
+void UnitShard::finish_reduce() {
+  if (!reducing()) return;
+  if (reduce_work_) {
+    auto work = std::exchange(reduce_work_, nullptr);
+    pg_.wait(work, "fsdp reduce-scatter of unit '" + name_ + "'");
+  }
+  reduce_pending_ = false;
+  reduce_input_ = at::Tensor();
+  at::Tensor out = std::exchange(reduce_output_, at::Tensor());
+  for (auto& slot : slots_) {
+    if (!slot.shard.requires_grad()) continue;
+    at::Tensor mine = tandem::detail::storage_alias(out, slot.offset, slot.shard.sizes());
+    at::Tensor& grad = slot.shard.mutable_grad();
+    if (grad.defined()) {
+      grad.add_(mine);
+    } else {
+      grad = mine;
+    }
+  }
+}
+
+int64_t UnitShard::gathered_numel() const { return gathered_ ? world_ * per_rank_ : 0; }
+
+int64_t UnitShard::full_grad_numel() const {
+  int64_t n = 0;
+  for (const auto& slot : slots_) {
+    if (slot.param.grad().defined()) n += slot.param.grad().numel();
+  }
+  return n;
+}
+
+}  // namespace tandem::fsdp::detail

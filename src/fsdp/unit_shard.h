@@ -1,0 +1,94 @@
+#pragma once
+// Internal: one FSDP unit's parameters, sharded (Note [Unit layout]).
+//
+// Note [Unit layout]
+// - Each parameter is cut along dim 0, as FSDP2 does: with W ranks, c = ceil(rows / W) rows per
+//   rank; rank r owns rows [r·c, min((r+1)·c, rows)), fewer or none for the last ranks. A 0-d
+//   parameter is one row of one element.
+// - A rank's shards of the unit lie back to back in one flat buffer, each padded to c rows
+//   (S elements in all, the same on every rank): one all-gather of S elements per rank gathers
+//   the unit, one reduce-scatter of W·S elements reduces its gradients. The padding is zero and
+//   stays zero (nothing writes it).
+// - Each shard is a leaf tensor of its owned rows, a view into that buffer: the optimizer steps it
+//   in place, and the next all-gather sends what it wrote. Its gradient is a view into the
+//   reduce-scatter's output.
+// - The module's own parameter tensors keep their identity (autograd's leaves, what the modules'
+//   forwards read); only their data changes (set_data): empty at rest, the gathered rows while the
+//   unit is gathered. Autograd's saved references to a parameter are that same tensor, so a unit
+//   gathered again before its backward runs is what backward reads.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "tandem/comm/process_group.h"
+
+namespace tandem::fsdp::detail {
+
+class UnitShard {
+ public:
+  struct Slot {
+    std::string name;              // relative to the wrapped root
+    at::Tensor param;              // the module's tensor
+    std::vector<int64_t> shape;    // its global shape
+    int64_t rows = 0, row_numel = 0, chunk_rows = 0, owned_rows = 0;
+    int64_t offset = 0;            // of its shard in the rank's flat buffer
+    at::Tensor shard;              // leaf: this rank's owned rows
+  };
+
+  /// Shards `params` (each whole and the same on every rank) and frees their data.
+  UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg);
+
+  const std::string& name() const { return name_; }
+  std::vector<Slot>& slots() { return slots_; }
+  const std::vector<Slot>& slots() const { return slots_; }
+  bool gathered() const { return gathered_; }
+  bool gathering() const { return gather_work_ != nullptr || gather_pending_; }
+  /// Elements per rank (padding included) and of the whole unit.
+  int64_t shard_numel() const { return per_rank_; }
+  int64_t unsharded_numel() const;
+  at::ScalarType dtype() const { return local_.scalar_type(); }
+
+  /// Starts gathering the unit (nothing when gathered or under way).
+  void start_gather();
+  /// Waits for the gather and points every parameter at its gathered rows.
+  void finish_gather();
+  /// Frees the gathered parameters (their data becomes empty).
+  void reshard();
+  /// Whether every parameter still holds what this object gave it (the user did not replace one).
+  std::string replaced_parameter() const;
+
+  /// Starts the reduce-scatter of the parameters' gradients (each scaled by 1/W as DDP does;
+  /// zero for a parameter without one) and drops them. Nothing when no parameter needs a gradient.
+  void start_reduce();
+  bool reducing() const { return reduce_work_ != nullptr || reduce_pending_; }
+  /// Waits for it and adds the averaged rows to the shards' gradients (sets them when undefined).
+  void finish_reduce();
+
+  /// Elements held now, by kind (memory accounting): gathered parameters, shards, full-size
+  /// gradients on the parameters.
+  int64_t gathered_numel() const;
+  int64_t full_grad_numel() const;
+
+ private:
+  std::string name_;
+  comm::ProcessGroup& pg_;
+  int64_t world_ = 1, rank_ = 0, per_rank_ = 0;
+  std::vector<Slot> slots_;
+  at::Tensor local_;                    // this rank's S elements: the shards and their padding
+  at::Tensor gathered_buffer_;          // W·S elements, each parameter's rows contiguous
+  at::Tensor gather_output_;            // the all-gather's output (rank-major) until copied
+  c10::intrusive_ptr<c10d::Work> gather_work_;
+  bool gather_pending_ = false;         // started without a collective (world 1)
+  bool gathered_ = false;
+  at::Tensor reduce_output_;            // S elements
+  at::Tensor reduce_input_;             // W·S elements, kept until the reduce-scatter ends
+  c10::intrusive_ptr<c10d::Work> reduce_work_;
+  bool reduce_pending_ = false;
+  at::Tensor inverse_world_;
+};
+
+}  // namespace tandem::fsdp::detail

@@ -1,0 +1,438 @@
+// FullyShardedDataParallel against data parallelism's definition, computed in one process: every
+// rank's batch forwarded and backwarded separately, the gradients averaged (each × 1/W, summed in
+// rank order), the whole optimizer stepped. 20 steps, max relative difference <= 1e-6, for an MLP
+// whose layer sizes divide no world size, a CNN with BatchNorm, and a small transformer whose
+// embedding is tied to its output head; Adam and AdamW with two param groups, reshard after
+// forward on and off, accumulation 2. Then what stays in memory, clip_grad_norm, and the
+// refusals. Runs on 1 to 4 ranks, Gloo and MPI (tests/CMakeLists.txt, comm/mpi.cmake).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include "support/distributed_main.h"
+#include "support/errors.h"
+#include "tandem/fsdp/auto_wrap.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
+#include "zero/zero_test_models.h"
+
+using tandem::test::pg;
+using tandem::test::shared_pg;
+namespace fsdp = tandem::fsdp;
+namespace nn = torch::nn;
+
+namespace {
+
+constexpr int kSteps = 20;
+constexpr double kTolerance = 1e-6;
+
+// ---- The models -----------------------------------------------------------------------------
+
+struct TokenEmbeddingImpl : nn::Module {
+  explicit TokenEmbeddingImpl(int64_t vocab, int64_t dim) : nn::Module("TokenEmbedding") {
+    table = register_module("table", nn::Embedding(vocab, dim));
+  }
+  at::Tensor forward(const at::Tensor& ids) { return table(ids); }
+  nn::Embedding table{nullptr};
+};
+TORCH_MODULE(TokenEmbedding);
+
+// Pre-norm block: one-head causal self-attention and an MLP, each residual.
+struct BlockImpl : nn::Module {
+  explicit BlockImpl(int64_t dim) : nn::Module("Block") {
+    ln1 = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({dim})));
+    qkv = register_module("qkv", nn::Linear(dim, 3 * dim));
+    proj = register_module("proj", nn::Linear(dim, dim));
+    ln2 = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({dim})));
+    fc1 = register_module("fc1", nn::Linear(dim, 2 * dim + 1));
+    fc2 = register_module("fc2", nn::Linear(2 * dim + 1, dim));
+  }
+  at::Tensor forward(at::Tensor x) {
+    auto parts = qkv(ln1(x)).chunk(3, -1);
+    const int64_t t = x.size(1);
+    auto scores = at::matmul(parts[0], parts[1].transpose(-2, -1)) / std::sqrt(static_cast<double>(x.size(2)));
+    scores = scores.masked_fill(at::ones({t, t}, at::kBool).triu(1), -1e9);
+    x = x + proj(at::matmul(at::softmax(scores, -1), parts[2]));
+    return x + fc2(torch::nn::functional::gelu(fc1(ln2(x))));
+  }
+  nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Block);
+
+// The output head reads the embedding's table (tied weights): the same tensor under two names.
+struct TiedHeadImpl : nn::Module {
+  TiedHeadImpl(TokenEmbedding embedding, int64_t dim) : nn::Module("TiedHead") {
+    ln = register_module("ln", nn::LayerNorm(nn::LayerNormOptions({dim})));
+    tied = register_module("tied", std::move(embedding));
+  }
+  at::Tensor forward(const at::Tensor& x) { return at::matmul(ln(x), tied->table->weight.t()); }
+  nn::LayerNorm ln{nullptr};
+  TokenEmbedding tied{nullptr};
+};
+TORCH_MODULE(TiedHead);
+
+constexpr int64_t kVocab = 11, kDim = 10, kTokens = 6;
+
+struct Model {
+  std::string name;
+  std::function<nn::Sequential()> make;
+  std::function<void(nn::Sequential&)> wrap;                      // picks the units
+  std::function<std::pair<at::Tensor, at::Tensor>(int64_t step, int64_t rank, int micro)> batch;
+  std::function<at::Tensor(const at::Tensor& out, const at::Tensor& target)> loss;
+};
+
+std::pair<at::Tensor, at::Tensor> seeded_batch(int64_t step, int64_t rank, int micro,
+                                               const std::function<std::pair<at::Tensor, at::Tensor>()>& draw) {
+  torch::manual_seed(1000 * step + 10 * rank + micro);
+  return draw();
+}
+
+Model mlp() {
+  return {"MLP 13-11-7-3",
+          [] {
+            return tandem::test::zero::make_net();
+          },
+          [](nn::Sequential& net) { EXPECT_EQ(fsdp::wrap_entries(*net), 3u); },
+          [](int64_t step, int64_t rank, int micro) {
+            return seeded_batch(step, rank, micro, [] { return std::make_pair(torch::randn({8, 13}), torch::randn({8, 3})); });
+          },
+          [](const at::Tensor& out, const at::Tensor& y) { return (out - y).pow(2).mean(); }};
+}
+
+Model cnn() {
+  return {"CNN with BatchNorm",
+          [] {
+            torch::manual_seed(7);
+            return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(3, 5, 3)), nn::BatchNorm2d(5), nn::ReLU(),
+                                  nn::Conv2d(nn::Conv2dOptions(5, 6, 3)), nn::BatchNorm2d(6), nn::ReLU(), nn::Flatten(),
+                                  nn::Linear(6 * 4 * 4, 3));
+          },
+          [](nn::Sequential& net) { EXPECT_EQ(fsdp::wrap_entries(*net), 5u); },
+          [](int64_t step, int64_t rank, int micro) {
+            return seeded_batch(step, rank, micro,
+                                [] { return std::make_pair(torch::randn({4, 3, 8, 8}), torch::randint(0, 3, {4})); });
+          },
+          [](const at::Tensor& out, const at::Tensor& y) { return nn::functional::cross_entropy(out, y); }};
+}
+
+Model transformer() {
+  return {"transformer, tied embedding",
+          [] {
+            torch::manual_seed(7);
+            TokenEmbedding embedding(kVocab, kDim);
+            return nn::Sequential(embedding, Block(kDim), Block(kDim), TiedHead(embedding, kDim));
+          },
+          // The blocks are units; the tied embedding and the head stay in the root unit.
+          [](nn::Sequential& net) {
+            EXPECT_EQ(fsdp::auto_wrap(*net, fsdp::AutoWrapPolicy().module_types({"Block"})), 2u);
+          },
+          [](int64_t step, int64_t rank, int micro) {
+            return seeded_batch(step, rank, micro, [] {
+              return std::make_pair(torch::randint(0, kVocab, {4, kTokens}), torch::randint(0, kVocab, {4, kTokens}));
+            });
+          },
+          [](const at::Tensor& out, const at::Tensor& y) {
+            return nn::functional::cross_entropy(out.reshape({-1, kVocab}), y.reshape({-1}));
+          }};
+}
+
+// ---- The runs ---------------------------------------------------------------------------------
+
+// Two groups: weights (decay) and everything 1-D (no decay), as transformers are trained.
+std::vector<std::vector<at::Tensor>> two_groups(const std::vector<std::pair<std::string, at::Tensor>>& named,
+                                                const std::vector<at::Tensor>& whole) {
+  std::vector<std::vector<at::Tensor>> groups(2);
+  for (size_t i = 0; i < named.size(); ++i) groups[whole[i].dim() > 1 ? 0 : 1].push_back(named[i].second);
+  return groups;
+}
+
+using MakeOptimizer = tandem::test::zero::MakeOptimizer;
+
+std::vector<std::pair<std::string, MakeOptimizer>> optimizers() {
+  using namespace torch::optim;
+  using tandem::test::zero::two_groups;
+  return {{"Adam", two_groups<Adam>(AdamOptions(1e-2).weight_decay(1e-3), AdamOptions(3e-2))},
+          {"AdamW", two_groups<AdamW>(AdamWOptions(1e-2).weight_decay(0.1), AdamWOptions(3e-2).weight_decay(0))}};
+}
+
+struct Schedule {
+  bool reshard_after_forward = true;
+  bool prefetch = true;
+  int accumulation = 1;
+  at::ScalarType dtype = at::kFloat;
+};
+
+std::vector<std::pair<std::string, at::Tensor>> named_of(nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::unordered_set<const at::TensorImpl*> seen;
+  for (const auto& item : module.named_parameters()) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+at::Tensor input_as(const at::Tensor& x, at::ScalarType dtype) { return x.is_floating_point() ? x.to(dtype) : x; }
+
+// Data parallelism's definition in one process: the W ranks' batches one by one, gradients
+// accumulated per rank, then averaged as DDP averages (each × 1/W, summed in rank order).
+std::vector<std::pair<std::string, at::Tensor>> reference(const Model& m, const MakeOptimizer& make, const Schedule& run) {
+  auto net = m.make();
+  net->to(run.dtype);
+  const auto named = named_of(*net);
+  std::vector<at::Tensor> whole;
+  for (const auto& item : named) whole.push_back(item.second);
+  auto optimizer = make(two_groups(named, whole));
+  const int64_t W = pg().size();
+  const auto inverse = at::scalar_tensor(1.0 / static_cast<double>(W), at::kDouble);
+  inverse.unsafeGetTensorImpl()->set_wrapped_number(true);
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<at::Tensor> sum(whole.size());
+    for (int64_t r = 0; r < W; ++r) {
+      for (auto& p : whole) p.mutable_grad() = at::Tensor();
+      for (int micro = 0; micro < run.accumulation; ++micro) {
+        auto [x, y] = m.batch(step, r, micro);
+        (m.loss(net->forward(input_as(x, run.dtype)), input_as(y, run.dtype)) / run.accumulation).backward();
+      }
+      for (size_t i = 0; i < whole.size(); ++i) {
+        at::Tensor g = at::mul(whole[i].grad(), inverse);
+        sum[i] = r == 0 ? g : sum[i].add(g);  // rank order, as the reduce-scatter adds
+      }
+    }
+    for (size_t i = 0; i < whole.size(); ++i) whole[i].mutable_grad() = sum[i];
+    optimizer->step();
+    optimizer->zero_grad();
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : named) out.emplace_back(item.first, item.second.detach().clone());
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> train_fsdp(const Model& m, const MakeOptimizer& make, const Schedule& run) {
+  auto net = m.make();
+  net->to(run.dtype);
+  m.wrap(net);
+  const auto named = named_of(*net);
+  std::vector<at::Tensor> whole;
+  for (const auto& item : named) whole.push_back(item.second.detach().clone());
+  auto optimizer = make(two_groups(named, whole));
+  fsdp::FullyShardedDataParallel model(net, shared_pg(),
+                                       fsdp::FullyShardOptions()
+                                           .reshard_after_forward(run.reshard_after_forward)
+                                           .prefetch(run.prefetch));
+  fsdp::shard_optimizer(*optimizer, model->engine());
+  const int64_t rank = pg().rank();
+  for (int step = 0; step < kSteps; ++step) {
+    for (int micro = 0; micro < run.accumulation; ++micro) {
+      auto [x, y] = m.batch(step, rank, micro);
+      auto backward = [&] {
+        (m.loss(model->forward(input_as(x, run.dtype)), input_as(y, run.dtype)) / run.accumulation).backward();
+      };
+      if (micro + 1 < run.accumulation) {
+        auto guard = model->no_sync();
+        backward();
+      } else {
+        backward();
+      }
+    }
+    optimizer->step();
+    optimizer->zero_grad();
+  }
+  return model->gather_parameters();
+}
+
+double max_relative_difference(const std::vector<std::pair<std::string, at::Tensor>>& a,
+                               const std::vector<std::pair<std::string, at::Tensor>>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(a[i].second.sizes(), b[i].second.sizes()) << a[i].first;
+    if (a[i].second.sizes() != b[i].second.sizes()) return INFINITY;
+    worst = std::max(worst, ((a[i].second - b[i].second).abs() / b[i].second.abs().clamp_min(1e-12)).max().item<double>());
+  }
+  return worst;
+}
+
+void expect_equals_reference(const Model& m, const std::string& opt_name, const MakeOptimizer& make, const Schedule& run) {
+  const auto expected = reference(m, make, run);
+  const auto got = train_fsdp(m, make, run);
+  const double diff = max_relative_difference(got, expected);
+  const std::string what = m.name + ", " + opt_name + ", " + c10::toString(run.dtype) +
+                           (run.reshard_after_forward ? ", reshard" : ", no reshard") +
+                           (run.prefetch ? "" : ", no prefetch") + ", accumulation " + std::to_string(run.accumulation);
+  if (pg().rank() == 0) std::printf("%s, %d ranks: max relative difference %.3g\n", what.c_str(), pg().size(), diff);
+  EXPECT_LE(diff, kTolerance) << what << " on " << pg().size() << " ranks";
+  // Every rank gathers the same parameters.
+  for (const auto& [name, p] : got) {
+    auto all = pg().all_gather(p.reshape({-1}).contiguous());
+    for (const auto& theirs : all) EXPECT_TRUE(at::equal(theirs, all[0])) << what << ": " << name;
+  }
+}
+
+void check_model(const Model& m) {
+  for (const auto& [opt_name, make] : optimizers()) {
+    for (bool reshard : {true, false}) {
+      Schedule run;
+      run.reshard_after_forward = reshard;
+      expect_equals_reference(m, opt_name, make, run);
+    }
+  }
+  Schedule accumulate;
+  accumulate.accumulation = 2;
+  expect_equals_reference(m, "AdamW", optimizers()[1].second, accumulate);
+}
+
+}  // namespace
+
+TEST(Fsdp, MlpEqualsDataParallel) {
+  check_model(mlp());
+  Schedule fp64;
+  fp64.dtype = at::kDouble;
+  expect_equals_reference(mlp(), "Adam", optimizers()[0].second, fp64);
+  Schedule serial;
+  serial.prefetch = false;
+  expect_equals_reference(mlp(), "Adam", optimizers()[0].second, serial);
+}
+
+TEST(Fsdp, CnnWithBatchNormEqualsDataParallel) { check_model(cnn()); }
+
+TEST(Fsdp, TransformerWithTiedEmbeddingEqualsDataParallel) { check_model(transformer()); }
+
+// At rest a rank holds its shards only: the parameters are empty, no whole gradient is left
+// after a synced backward, and the shards add up to the model (plus padding below W rows each).
+TEST(Fsdp, KeepsOnlyShardsAtRest) {
+  auto net = transformer().make();
+  int64_t numel = 0, params = 0;
+  for (const auto& [name, p] : named_of(*net)) numel += p.numel(), ++params;
+  transformer().wrap(net);
+  fsdp::FullyShardedDataParallel model(net, shared_pg());
+  const int64_t W = pg().size();
+  const auto at_rest = model->memory();
+  EXPECT_EQ(at_rest.gathered, 0);
+  EXPECT_GE(at_rest.parameter_shards, numel * 4 / W);
+  EXPECT_LE(at_rest.parameter_shards, (numel / W + params * kDim * 3) * 4);
+  auto [x, y] = transformer().batch(0, pg().rank(), 0);
+  transformer().loss(model->forward(x), y).backward();
+  for (const auto& [name, p] : named_of(*net)) {
+    EXPECT_EQ(p.numel(), 0) << name << " kept its gathered data";
+    EXPECT_FALSE(p.grad().defined()) << name << " kept a whole gradient";
+  }
+  const auto after = model->memory();
+  EXPECT_EQ(after.gathered, 0);
+  EXPECT_EQ(after.full_gradients, 0);
+  int64_t owned = 0;
+  for (const auto& [name, shard] : model->named_shard_parameters()) owned += shard.numel();
+  EXPECT_EQ(after.gradient_shards, owned * 4);
+}
+
+// The gathered norm equals torch's clip_grad_norm_ over the whole averaged gradient.
+TEST(Fsdp, ClipGradNormOverShardsEqualsTorch) {
+  const Model m = mlp();
+  // Reference: the average of every rank's gradient, whole.
+  auto ref = m.make();
+  std::vector<at::Tensor> sum;
+  for (int64_t r = 0; r < pg().size(); ++r) {
+    ref->zero_grad();
+    auto [x, y] = m.batch(0, r, 0);
+    m.loss(ref->forward(x), y).backward();
+    auto params = ref->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor g = params[i].grad() / pg().size();
+      if (r == 0) sum.push_back(g); else sum[i] = sum[i] + g;
+    }
+  }
+  auto params = ref->parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = sum[i];
+  const double expected = torch::nn::utils::clip_grad_norm_(params, 0.05);
+
+  auto net = m.make();
+  m.wrap(net);
+  fsdp::FullyShardedDataParallel model(net, shared_pg());
+  auto [x, y] = m.batch(0, pg().rank(), 0);
+  m.loss(model->forward(x), y).backward();
+  const double norm = model->clip_grad_norm(0.05);
+  EXPECT_NEAR(norm, expected, 1e-6 * expected);
+  // The clipped shards are the clipped whole gradient's rows.
+  const auto named = named_of(*ref);
+  const auto shards = model->named_shard_parameters();
+  ASSERT_EQ(shards.size(), named.size());
+  const int64_t W = pg().size(), rank = pg().rank();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const at::Tensor& g = named[i].second.grad();
+    const int64_t rows = g.size(0), chunk = (rows + W - 1) / W;
+    const int64_t first = std::min(rows, rank * chunk), last = std::min(rows, (rank + 1) * chunk);
+    EXPECT_TRUE(at::allclose(shards[i].second.grad(), g.narrow(0, first, last - first), 1e-5, 1e-7)) << named[i].first;
+  }
+}
+
+TEST(Fsdp, RefusesAUnitAtTwoPlaces) {
+  auto unit = fsdp::Unit(nn::Linear(3, 3));
+  auto net = nn::Sequential(unit, nn::Tanh(), unit);
+  EXPECT_ERROR(fsdp::FullyShardedDataParallel model(net, shared_pg()),
+               "fsdp: unit '0' is also at '2': a module can be one unit, once");
+}
+
+TEST(Fsdp, RefusesAUnitOfAUnit) {
+  EXPECT_ERROR_HAS(std::make_shared<fsdp::UnitImpl>(fsdp::Unit(nn::Linear(3, 3))), "is a Unit already: wrap a module once");
+}
+
+TEST(Fsdp, RefusesAParameterSharedByTwoUnits) {
+  auto m = transformer();
+  auto net = m.make();
+  fsdp::wrap_entries(*net);  // the embedding and the head (which holds it too) in two units
+  EXPECT_ERROR(fsdp::FullyShardedDataParallel model(net, shared_pg()),
+               "fsdp: parameter '0.table.weight' is also '3.tied.table.weight', in unit '0' and in unit '3': a "
+               "parameter shared by two units must be in one (leave both modules to the root)");
+}
+
+// A module inside a unit, called directly by the root's forward: its parameters are empty then.
+struct CallsAroundItsUnitImpl : nn::Module {
+  CallsAroundItsUnitImpl() {
+    inner = nn::Linear(4, 4);
+    unit = register_module("unit", fsdp::Unit(inner));
+  }
+  at::Tensor forward(const at::Tensor& x) { return inner(x); }
+  nn::Linear inner{nullptr};
+  fsdp::Unit unit{nullptr};
+};
+TORCH_MODULE(CallsAroundItsUnit);
+
+TEST(Fsdp, NamesTheUnitWhenAModuleIsCalledOutsideIt) {
+  CallsAroundItsUnit net;
+  fsdp::FullyShardedDataParallel model(net, shared_pg());
+  EXPECT_THAT(tandem::test::error_of([&] { model->forward(torch::randn({2, 4})); }),
+              testing::StartsWith("fsdp: the forward failed while units 'unit' held no parameters (a module inside a "
+                                  "unit must be called through its tandem::fsdp::Unit): "));
+}
+
+TEST(Fsdp, RefusesParametersReplacedAfterSharding) {
+  auto net = mlp().make();
+  mlp().wrap(net);
+  fsdp::FullyShardedDataParallel model(net, shared_pg());
+  net[0]->as<fsdp::Unit>()->module()->as<nn::Linear>()->weight.set_data(torch::zeros({11, 13}));
+  EXPECT_ERROR(model->forward(torch::randn({2, 13})),
+               "fsdp: parameter '0.weight' was replaced after sharding (its data changed): change parameters before "
+               "wrapping the model");
+}
+
+TEST(Fsdp, RefusesAnOptimizerOverOtherTensors) {
+  auto net = mlp().make();
+  mlp().wrap(net);
+  fsdp::FullyShardedDataParallel model(net, shared_pg());
+  torch::optim::SGD sgd({torch::zeros({2, 2}, torch::requires_grad())}, 0.1);
+  EXPECT_ERROR(fsdp::shard_optimizer(sgd, model->engine()),
+               "fsdp: the optimizer holds a tensor of shape [2, 2] that is no parameter of the sharded model");
+}
+
+int main(int argc, char** argv) { return tandem::test::distributed_test_main(argc, argv); }
