@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <map>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 
 #include "tandem/comm/cuda_info.h"
 #include "tandem/error.h"
+#include "tandem/fsdp/fsdp_optimizer.h"
 #include "tandem/host_allocator.h"
 #include "tandem/zero/clip_grad_norm.h"
 
@@ -27,6 +29,7 @@ const char* to_string(Strategy strategy) {
     case Strategy::Single: return "single";
     case Strategy::DataParallel: return "dp";
     case Strategy::Ddp: return "ddp";
+    case Strategy::Fsdp: return "fsdp";
   }
   return "?";
 }
@@ -59,12 +62,12 @@ void Accelerator::initialize() {
   TANDEM_CHECK(options_.collective_timeout().count() > 0, "Accelerator: collective_timeout must be positive");
   TANDEM_CHECK(options_.zero_stage() >= 0 && options_.zero_stage() <= 2, "Accelerator: zero_stage ",
                options_.zero_stage(), " is not available (0: plain DDP, 1: optimizer state sharded, 2: gradients "
-               "sharded too; fully sharded parameters are not built yet)");
+               "sharded too; parameters sharded too is Strategy::Fsdp)");
   // Before any CUDA work: this rank's GPU becomes the current device (one per rank on a node).
   comm::bind_cuda_device(world_.local_rank);
   choose_strategy();
   tune_host_allocator();  // Note [Host allocator]: every strategy, a single process included
-  if (!pg_ && (world_.world_size > 1 || strategy_ == Strategy::Ddp)) {
+  if (!pg_ && (world_.world_size > 1 || strategy_ == Strategy::Ddp || strategy_ == Strategy::Fsdp)) {
     pg_ = comm::ProcessGroup::create(world_, comm::ProcessGroupOptions().timeout(options_.collective_timeout()));
   }
   torch::manual_seed(options_.seed() + static_cast<uint64_t>(world_.rank));
@@ -100,8 +103,12 @@ void Accelerator::choose_strategy() {
   } else {
     reason_ = "asked; " + launched + ", " + gpu_text;
   }
-  TANDEM_CHECK(processes == 1 || strategy_ == Strategy::Ddp, "Accelerator: strategy ", to_string(strategy_),
-               " runs in one process, but ", launched, ": use Strategy::Ddp (or Auto), or start one process");
+  TANDEM_CHECK(processes == 1 || strategy_ == Strategy::Ddp || strategy_ == Strategy::Fsdp, "Accelerator: strategy ",
+               to_string(strategy_), " runs in one process, but ", launched,
+               ": use Strategy::Ddp (or Auto), or start one process");
+  TANDEM_CHECK(options_.zero_stage() == 0 || strategy_ != Strategy::Fsdp, "Accelerator: zero_stage ",
+               options_.zero_stage(), " with Strategy::Fsdp: FSDP shards parameters, gradients and optimizer state "
+               "already (ZeRO-3); leave zero_stage at 0");
   TANDEM_CHECK(options_.zero_stage() == 0 || strategy_ != Strategy::DataParallel, "Accelerator: zero_stage ",
                options_.zero_stage(), " shards the optimizer across processes, and DataParallel runs in one: start "
                "one process per device (tandem run --nproc-per-node N) with Strategy::Ddp, or use zero_stage 0");
@@ -110,13 +117,53 @@ void Accelerator::choose_strategy() {
                      : c10::Device(c10::kCPU);
 }
 
+fsdp::FullyShardOptions Accelerator::fsdp_options() const {
+  fsdp::FullyShardOptions options = options_.fsdp();
+  if (!options.auto_wrap()) options.auto_wrap(fsdp::AutoWrapPolicy());
+  return options;
+}
+
+Accelerator::NamedTensors Accelerator::fsdp_state(fsdp::detail::Engine& engine, torch::nn::Module& module) {
+  NamedTensors state = engine.gather_parameters();
+  for (const auto& item : module.named_buffers(true)) state.emplace_back(item.key(), item.value());
+  return state;
+}
+
+void Accelerator::load_model(fsdp::detail::Engine* engine, torch::nn::Module& module, const NamedTensors& whole) {
+  at::NoGradGuard no_grad;
+  if (engine) engine->load_parameters(whole);
+  std::map<std::string, at::Tensor> own;
+  if (!engine) {
+    for (const auto& item : module.named_parameters(true)) own.emplace(item.key(), item.value());
+  }
+  for (const auto& item : module.named_buffers(true)) own.emplace(item.key(), item.value());
+  for (const auto& [name, tensor] : whole) {
+    auto it = own.find(name);
+    if (it != own.end()) it->second.copy_(tensor);
+  }
+}
+
 void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   TANDEM_CHECK(!index_of(optimizer), "prepare_optimizer: this optimizer is prepared already");
   // One process has nothing to shard: the optimizer stays whole (whatever the strategy, so that
   // its checkpoints load under Single and Ddp alike).
   const bool shard = options_.zero_stage() >= 1 && pg_ && pg_->size() > 1 && strategy_ == Strategy::Ddp;
   std::unique_ptr<zero::ShardedOptimizer> sharded;  // may throw: nothing kept
-  std::unique_ptr<zero::GradientShardedOptimizer> flat;
+  std::unique_ptr<zero::PartitionedOptimizer> flat;
+  if (strategy_ == Strategy::Fsdp) {
+    // FSDP: the optimizer steps the shards of the model whose parameters it holds.
+    std::shared_ptr<fsdp::detail::Engine> engine;
+    for (const auto& group : optimizer.param_groups()) {
+      for (const auto& p : group.params()) {
+        for (const auto& m : models_) {
+          if (m.fsdp && m.fsdp->spec_of(p)) engine = m.fsdp;
+        }
+      }
+    }
+    TANDEM_CHECK(engine, "prepare_optimizer: under Strategy::Fsdp the optimizer steps the shards of a prepared "
+                         "model: prepare that model (prepare_model) before its optimizer");
+    flat = std::make_unique<fsdp::FsdpOptimizer>(optimizer, engine);
+  }
   if (shard && options_.zero_stage() == 1) sharded = std::make_unique<zero::ShardedOptimizer>(optimizer, pg_);
   if (shard && options_.zero_stage() == 2) {
     // ZeRO-2 shards in the reducer of the model whose parameters the optimizer holds.
@@ -145,7 +192,7 @@ std::optional<size_t> Accelerator::index_of(const torch::optim::Optimizer& optim
   return static_cast<size_t>(it - optimizers_.begin());
 }
 
-zero::GradientShardedOptimizer* Accelerator::flat_of(const torch::optim::Optimizer& optimizer) const {
+zero::PartitionedOptimizer* Accelerator::flat_of(const torch::optim::Optimizer& optimizer) const {
   const auto o = index_of(optimizer);
   return o ? flat_[*o].get() : nullptr;
 }
@@ -202,7 +249,7 @@ bool Accelerator::step(torch::optim::Optimizer& optimizer) {
   // The scaler (fp16) or a plain step; a sharded optimizer then hands every owner's update round.
   auto stepper = [this](torch::optim::Optimizer& o) { return amp::step_optimizer(o, scaler_.get()); };
   zero::ShardedOptimizer* sharded = sharded_of(optimizer);
-  zero::GradientShardedOptimizer* flat = flat_of(optimizer);
+  zero::PartitionedOptimizer* flat = flat_of(optimizer);
   const bool stepped = sharded ? sharded->step(stepper) : flat ? flat->step(stepper) : stepper(optimizer);
   if (scaler_) {
     // One update per iteration, once every prepared optimizer has stepped.
@@ -220,7 +267,7 @@ void Accelerator::zero_grad(torch::optim::Optimizer& optimizer) {
   if (!sync_gradients_) return;
   if (zero::ShardedOptimizer* sharded = sharded_of(optimizer)) {
     sharded->zero_grad();  // every parameter's, not only the ones this process owns
-  } else if (zero::GradientShardedOptimizer* flat = flat_of(optimizer)) {
+  } else if (zero::PartitionedOptimizer* flat = flat_of(optimizer)) {
     flat->zero_grad();
   } else {
     optimizer.zero_grad();
@@ -235,14 +282,14 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
       if (scaler_->state_of(*optimizer) == amp::OptState::Ready) scaler_->unscale(*optimizer);
     }
   }
-  std::vector<zero::GradientShardedOptimizer*> flat;
+  std::vector<zero::PartitionedOptimizer*> flat;
   for (const auto& f : flat_) {
     if (f) flat.push_back(f.get());
   }
   if (!flat.empty()) {
-    // Stage 2: the gradients are the shards (the parameters hold none); the norm is over all of them.
-    TANDEM_CHECK(flat.size() == 1, "clip_grad_norm: under zero_stage 2 with several optimizers the gradients of "
-                                   "each are sharded apart; clip with one prepared optimizer");
+    // Stage 2 and FSDP: the gradients are the shards (the parameters hold none); the norm is over all of them.
+    TANDEM_CHECK(flat.size() == 1, "clip_grad_norm: under zero_stage 2 or FSDP with several optimizers the gradients "
+                                   "of each are sharded apart; clip with one prepared optimizer");
     (void)parameters;
     return flat.front()->clip_grad_norm(max_norm, norm_type);
   }

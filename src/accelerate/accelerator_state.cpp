@@ -144,9 +144,15 @@ void Accelerator::register_for_checkpointing(const std::string& name, std::funct
   custom_.emplace_back(name, std::move(save), std::move(load));
 }
 
-std::vector<std::vector<std::pair<std::string, at::Tensor>>> Accelerator::model_tensors() const {
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> out;
+std::vector<Accelerator::NamedTensors> Accelerator::model_tensors() const {
+  std::vector<NamedTensors> out;
   for (const auto& m : models_) out.push_back(m.state());
+  return out;
+}
+
+std::vector<Accelerator::NamedTensors> Accelerator::model_identities() const {
+  std::vector<NamedTensors> out;
+  for (const auto& m : models_) out.push_back(m.identities());
   return out;
 }
 
@@ -177,6 +183,7 @@ std::string Accelerator::save_state(const std::string& root) {
   // Note [Optimizer state by name]: a sharded optimizer's shards are sent to the main process,
   // which writes every file (no shared file system needed to save).
   const auto models = model_tensors();
+  const auto identities = model_identities();
   std::vector<nlohmann::json> described(optimizers_.size());
   std::vector<accelerate::ParamNames> names(optimizers_.size());
   std::vector<bool> named(optimizers_.size());
@@ -185,11 +192,11 @@ std::string Accelerator::save_state(const std::string& root) {
   for (size_t o = 0; o < optimizers_.size(); ++o) {
     auto& optimizer = *optimizers_[o];
     const auto groups = optimizer_groups(o);
-    names[o] = names_for(models, groups);
+    names[o] = names_for(identities, groups);
     named[o] = !accelerate::named_optimizer_type(optimizer).empty();
     described[o] = named[o] ? accelerate::describe_optimizer(optimizer, groups, names[o]) : nlohmann::json{{"type", ""}};
     if (flat_[o]) {
-      // Stage 2's shards are flat slices: gathered into whole tensors, written as a whole optimizer.
+      // Stage 2's flat slices and FSDP's rows: gathered into whole tensors, written as a whole optimizer.
       for (auto& [param, state] : flat_[o]->gather_state()) {
         for (auto& [key, t] : state) whole_state[o].emplace_back(names[o].at(param.unsafeGetTensorImpl()) + "." + key, t);
       }
@@ -293,12 +300,12 @@ void Accelerator::load_state(const std::string& path) {
   struct Staged {
     nlohmann::json state;
     int saved_world = 0;
-    std::vector<std::pair<at::Tensor, at::Tensor>> weights;  // the model's tensor, the saved one
+    std::vector<NamedTensors> weights;  // per model, the saved tensors by name
     std::vector<accelerate::StagedOptimizerState> named;
     std::vector<std::string> archives;  // LibTorch archives (an optimizer without a named format)
     std::vector<std::pair<std::string, at::Tensor>> rng;  // this rank's generator states
     std::vector<std::string> custom;
-    std::vector<std::vector<std::unique_ptr<torch::optim::OptimizerParamState>>> flat;  // zero_stage 2's slices
+    std::vector<zero::PartitionedOptimizer::BuiltState> flat;  // zero_stage 2's slices, FSDP's rows
     std::optional<amp::GradScalerState> scaler;
     std::vector<std::pair<int64_t, int64_t>> positions;  // (epoch, samples_done) per loader
     int64_t completed_steps = 0, accumulation_step = 0;
@@ -324,6 +331,8 @@ void Accelerator::load_state(const std::string& path) {
                  "load_state: ", dir, " holds ", state.at("models").get<size_t>(), " model(s) and ", optimizers.size(),
                  " optimizer(s), this Accelerator prepared ", models_.size(), " and ", optimizers_.size());
     const auto models = model_tensors();
+    const auto identities = model_identities();
+    staged.weights.resize(models.size());
     for (size_t m = 0; m < models.size(); ++m) {
       const std::string file = "model_" + std::to_string(m) + ".safetensors";
       auto saved = accelerate::load_safetensors(reader.path(file));
@@ -334,7 +343,7 @@ void Accelerator::load_state(const std::string& path) {
         TANDEM_CHECK(it->second.sizes() == tensor.sizes() && it->second.scalar_type() == tensor.scalar_type(),
                      "load_state: ", file, ": '", name, "' is ", c10::toString(it->second.scalar_type()),
                      it->second.sizes(), " but the model's is ", c10::toString(tensor.scalar_type()), tensor.sizes());
-        staged.weights.emplace_back(tensor, it->second);
+        staged.weights[m].emplace_back(name, it->second);
       }
     }
     staged.named.resize(optimizers_.size());
@@ -358,9 +367,12 @@ void Accelerator::load_state(const std::string& path) {
       std::vector<std::string> paths;
       for (const auto& f : files) paths.push_back(reader.path(f));
       const auto groups = optimizer_groups(o);
-      staged.named[o] = accelerate::stage_optimizer_state(*optimizers_[o], groups, names_for(models, groups),
-                                                          held_parameters(o), entry, paths, where);
-      if (flat_[o]) {  // stage 2: this rank's flat slices, cut from the whole state now (checked)
+      staged.named[o] = accelerate::stage_optimizer_state(*optimizers_[o], groups, names_for(identities, groups),
+                                                          held_parameters(o), entry, paths, where,
+                                                          [&](const at::Tensor& p) {
+                                                            return flat_[o] ? flat_[o]->whole_like(p) : p;
+                                                          });
+      if (flat_[o]) {  // stage 2 and FSDP: this rank's pieces, cut from the whole state now (checked)
         std::unordered_map<const void*, const torch::optim::OptimizerParamState*> by_param;
         for (const auto& [param, st] : staged.named[o].states) by_param[param.unsafeGetTensorImpl()] = st.get();
         staged.flat.resize(optimizers_.size());
@@ -424,10 +436,7 @@ void Accelerator::load_state(const std::string& path) {
   TANDEM_CHECK(failure.empty(), failure);
 
   // Everything is read and checked on every rank: apply it.
-  {
-    at::NoGradGuard no_grad;
-    for (auto& [tensor, saved] : staged.weights) tensor.copy_(saved);
-  }
+  for (size_t m = 0; m < models_.size(); ++m) models_[m].load(staged.weights[m]);
   for (size_t o = 0; o < optimizers_.size(); ++o) {
     if (flat_[o]) {
       accelerate::apply_optimizer_options(*optimizers_[o], staged.named[o].options);

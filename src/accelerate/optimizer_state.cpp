@@ -154,7 +154,8 @@ std::vector<std::pair<std::string, at::Tensor>> named_state(const Optimizer& opt
 StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std::vector<std::vector<at::Tensor>>& groups,
                                            const ParamNames& names, const std::vector<at::Tensor>& held,
                                            const json& description, const std::vector<std::string>& files,
-                                           const std::string& where) {
+                                           const std::string& where,
+                                           const std::function<at::Tensor(const at::Tensor&)>& whole_like) {
   const Kind kind = kind_of(optimizer);
   const std::string saved_type = description.value("type", "");
   TANDEM_CHECK(saved_type == name_of(kind), where, " holds the state of ", saved_type.empty() ? "an unnamed" : "a ",
@@ -206,7 +207,9 @@ StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std
   }
   for (auto& [name, tensors] : found) {
     const at::Tensor& param = held_by_name.at(name);
-    staged.states.emplace_back(param, zero::make_state(kind, std::move(tensors), param, where + ": '" + name + "'"));
+    // Checked against the whole parameter (an FSDP parameter at rest holds no data: whole_like).
+    staged.states.emplace_back(param, zero::make_state(kind, std::move(tensors), whole_like ? whole_like(param) : param,
+                                                       where + ": '" + name + "'"));
   }
   return staged;
 }

@@ -17,6 +17,7 @@
 //
 // Other optimizer types (a user's own) have no such format: they are written as LibTorch
 // archives and load only at the world size and sharding they were saved with.
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,7 +61,8 @@ StagedOptimizerState stage_optimizer_state(const torch::optim::Optimizer& optimi
                                            const std::vector<std::vector<at::Tensor>>& groups,
                                            const ParamNames& names, const std::vector<at::Tensor>& held,
                                            const nlohmann::json& description,
-                                           const std::vector<std::string>& files, const std::string& where);
+                                           const std::vector<std::string>& files, const std::string& where,
+                                           const std::function<at::Tensor(const at::Tensor&)>& whole_like = nullptr);
 
 /// Sets the groups' hyper-parameters (checked by stage_optimizer_state).
 void apply_optimizer_options(torch::optim::Optimizer& optimizer, const std::vector<nlohmann::json>& options);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/fsdp/unit.h"
 
 namespace tandem::fsdp {
@@ -40,4 +41,14 @@ size_t auto_wrap(torch::nn::Module& root, const AutoWrapPolicy& policy) {
   return made;
 }
 
+namespace detail {
+
+bool has_units(torch::nn::Module& root) {
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    if (dynamic_cast<UnitImpl*>(m.get())) return true;
+  }
+  return false;
+}
+
+}  // namespace detail
 }  // namespace tandem::fsdp

@@ -366,6 +366,31 @@ at::Tensor Engine::shard_of(const at::Tensor& parameter) const {
   return s_->units[it->second.first]->slots()[it->second.second].shard;
 }
 
+std::optional<ShardSpec> Engine::spec_of(const at::Tensor& parameter) const {
+  auto it = s_->where.find(parameter.unsafeGetTensorImpl());
+  if (it == s_->where.end()) return std::nullopt;
+  const auto& slot = s_->units[it->second.first]->slots()[it->second.second];
+  return ShardSpec{slot.shape, slot.rows, slot.row_numel, slot.chunk_rows,
+                   std::min(slot.rows, s_->pg->rank() * slot.chunk_rows), slot.owned_rows};
+}
+
+void Engine::load_parameters(const std::vector<std::pair<std::string, at::Tensor>>& whole) {
+  std::unordered_map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : whole) by_name[name] = &t;
+  at::NoGradGuard no_grad;
+  for (auto& unit : s_->units) {
+    TANDEM_CHECK(!unit->gathered() && !unit->gathering(), "fsdp: load parameters between steps (unit '", unit->name(),
+                 "' is gathered)");
+    for (auto& slot : unit->slots()) {
+      auto it = by_name.find(slot.name);
+      if (it == by_name.end() || slot.owned_rows == 0) continue;
+      const int64_t first = s_->pg->rank() * slot.chunk_rows;
+      slot.shard.view({slot.owned_rows, slot.row_numel})
+          .copy_(it->second->reshape({slot.rows, slot.row_numel}).narrow(0, first, slot.owned_rows));
+    }
+  }
+}
+
 std::vector<std::pair<std::string, at::Tensor>> Engine::gather_parameters() {
   State& s = *s_;
   std::map<const at::TensorImpl*, at::Tensor> whole;

@@ -3,7 +3,7 @@
 //   RESHARD_PHASE=save  K batches of epoch 0, then save_state(RESHARD_TO)
 //   RESHARD_PHASE=load  load_state(RESHARD_FROM), save_state(RESHARD_TO) at once (the round trip
 //                       the script compares byte for byte), then the rest of epoch 0 and epoch 1
-// with zero_stage RESHARD_ZERO. Each rank writes the samples it read, "<epoch> <id>" per line, and
+// with zero_stage RESHARD_ZERO (3: Strategy::Fsdp, each Linear a unit). Each rank writes the samples it read, "<epoch> <id>" per line, and
 // a last line "loss <value>" to RESHARD_OUT.rank<r>.
 #include <cmath>
 #include <cstdlib>
@@ -32,7 +32,9 @@ int reshard_scenario() {
     return std::string(v);
   };
   const std::string phase = env("RESHARD_PHASE"), out = env("RESHARD_OUT");
-  Accelerator acc(shared_pg(), AcceleratorOptions().seed(3).progress(false).zero_stage(std::stoi(env("RESHARD_ZERO"))));
+  const int zero = std::stoi(env("RESHARD_ZERO"));
+  Accelerator acc(shared_pg(), zero == 3 ? AcceleratorOptions().seed(3).progress(false).strategy(Strategy::Fsdp)
+                                         : AcceleratorOptions().seed(3).progress(false).zero_stage(zero));
   torch::manual_seed(5);
   auto net = zero_net();
   auto model = acc.prepare_model(net);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # reshard_test.sh TANDEM ACCELERATOR_TEST [PYTHON]: checkpoints at another world size, with and
 # without ZeRO (docs/checkpoints.md, "At another world size"). Jobs of 4 and 2 processes,
-# zero_stage 0, 1 and 2, train 5 batches of epoch 0 and save; from each checkpoint, jobs of 2, 3
-# and 1 processes, zero_stage 0, 1 and 2, load it, save it again at once, and train the rest of
-# epoch 0 and epoch 1.
+# zero_stage 0, 1 and 2 and FSDP ("zero 3"), train 5 batches of epoch 0 and save; from each
+# checkpoint, jobs of 2, 3 and 1 processes, zero_stage 0, 1 and 2 (and FSDP at 3 processes, where
+# nothing divides; from an FSDP checkpoint: stage 0 and FSDP), load it, save it again at once, and
+# train the rest of epoch 0 and epoch 1.
 #   - the saved optimizer state does not depend on ZeRO-1: the consolidated files of the stage 0
 #     and stage 1 saves at one world size are the same bytes (ZeRO-1 steps exactly as the whole
 #     optimizer; stage 2 adds in another order on Gloo, so its state differs in the last bits);
@@ -28,14 +29,16 @@ status=0
 fail() { echo "FAIL: $*"; status=1; }
 printf '%-14s %-14s %-4s %s\n' "saved by" "loaded by" "same" "samples"
 for w in 4 2; do
-  for z in 0 1 2; do job "save-w$w-z$z" "$w" "$z" save; done
+  for z in 0 1 2 3; do job "save-w$w-z$z" "$w" "$z" save; done
   cmp -s "$work/save-w$w-z0.optimizer.safetensors" "$work/save-w$w-z1.optimizer.safetensors" ||
     fail "the optimizer state saved by $w processes differs with ZeRO and without"
-  for z in 0 1 2; do
+  for z in 0 1 2 3; do
     src="save-w$w-z$z"
     for w2 in 2 3 1; do
-      for z2 in 0 1 2; do
+      for z2 in 0 1 2 3; do
         (( w2 == 1 && z2 > 0 )) && continue  # one process never shards
+        (( z2 == 3 && w2 != 3 )) && continue  # FSDP where nothing divides
+        (( z == 3 && (z2 == 1 || z2 == 2) )) && continue
         dst="load-w$w-z$z-to-w$w2-z$z2"
         job "$dst" "$w2" "$z2" load "$(newest "$work/$src.ckpt")"
         result=ok
@@ -72,7 +75,8 @@ assert set(whole) == set(range(n)) and sum(whole.values()) == math.ceil(n / w2) 
 print(f"epoch 0: {len(first)} + {len(unread)} samples, {padding} padding")
 PY
         ); then fail "$dst: the samples read: $samples"; result=FAIL; fi
-        printf '%-14s %-14s %-4s %s\n' "$w (zero $z)" "$w2 (zero $z2)" "$result" "$samples"
+        name() { (( $1 == 3 )) && echo fsdp || echo "zero $1"; }
+        printf '%-14s %-14s %-4s %s\n' "$w ($(name $z))" "$w2 ($(name $z2))" "$result" "$samples"
       done
     done
   done

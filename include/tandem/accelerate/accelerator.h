@@ -38,7 +38,9 @@
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/world.h"
+#include "tandem/fsdp/engine.h"
 #include "tandem/zero/gradient_sharded_optimizer.h"
+#include "tandem/zero/partitioned_optimizer.h"
 #include "tandem/zero/sharded_optimizer.h"
 
 namespace torch::optim {
@@ -214,10 +216,14 @@ class Accelerator {
 
  private:
   friend class MainProcessFirst;
+  using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
   struct ModelEntry {
-    std::function<std::vector<std::pair<std::string, at::Tensor>>()> state;  // names -> tensors
+    std::function<NamedTensors()> state;        // what a checkpoint writes: whole tensors by name (collective under FSDP)
+    std::function<NamedTensors()> identities;   // the module's own tensors by name (names the optimizer's)
+    std::function<void(const NamedTensors&)> load;  // sets the model from whole tensors by name
     ddp::Reducer* reducer = nullptr;  // its DDP's, under Strategy::Ddp
-    std::shared_ptr<torch::nn::Module> owner;  // keeps that reducer alive as long as the Accelerator
+    std::shared_ptr<fsdp::detail::Engine> fsdp;  // its FSDP's, under Strategy::Fsdp
+    std::shared_ptr<torch::nn::Module> owner;  // keeps those alive as long as the Accelerator
   };
   struct LoaderEntry {
     std::function<std::pair<int64_t, int64_t>()> position;  // (epoch, samples_done)
@@ -226,6 +232,11 @@ class Accelerator {
   };
 
   void initialize();
+  fsdp::FullyShardOptions fsdp_options() const;
+  /// Under FSDP: the parameters gathered whole, then the buffers. Collective.
+  static NamedTensors fsdp_state(fsdp::detail::Engine& engine, torch::nn::Module& module);
+  /// Copies whole tensors by name into the module (into its shards under FSDP).
+  static void load_model(fsdp::detail::Engine* engine, torch::nn::Module& module, const NamedTensors& whole);
   void choose_strategy();
   void begin_accumulation_step();
   void on_batch(const accelerate::LoaderProgress& progress);
@@ -233,10 +244,11 @@ class Accelerator {
   data::DistributedSamplerOptions sampler_options(bool shuffle) const;
   std::optional<size_t> index_of(const torch::optim::Optimizer& optimizer) const;  // in optimizers_
   zero::ShardedOptimizer* sharded_of(const torch::optim::Optimizer& optimizer) const;
-  zero::GradientShardedOptimizer* flat_of(const torch::optim::Optimizer& optimizer) const;
+  zero::PartitionedOptimizer* flat_of(const torch::optim::Optimizer& optimizer) const;
   // Checkpoints (accelerator_state.cpp): each prepared model's named tensors, optimizer o's param
   // groups (every parameter, also those other ranks own) and the parameters whose state it holds.
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> model_tensors() const;
+  std::vector<NamedTensors> model_tensors() const;
+  std::vector<NamedTensors> model_identities() const;
   std::vector<std::vector<at::Tensor>> optimizer_groups(size_t o) const;
   std::vector<at::Tensor> held_parameters(size_t o) const;
   template <typename Dataset>
@@ -251,7 +263,7 @@ class Accelerator {
   std::unique_ptr<amp::GradScaler> scaler_;
   std::vector<torch::optim::Optimizer*> optimizers_;
   std::vector<std::unique_ptr<zero::ShardedOptimizer>> sharded_;  // per optimizer; null: whole
-  std::vector<std::unique_ptr<zero::GradientShardedOptimizer>> flat_;  // per optimizer, zero_stage 2
+  std::vector<std::unique_ptr<zero::PartitionedOptimizer>> flat_;  // per optimizer, zero_stage 2 or FSDP
   std::vector<ModelEntry> models_;
   std::vector<LoaderEntry> loaders_;
   std::vector<std::tuple<std::string, std::function<std::string()>, std::function<void(const std::string&)>>> custom_;
@@ -274,25 +286,34 @@ PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
   module->to(device_);
   std::optional<typename Impl::Ddp> ddp;
   std::optional<typename Impl::Dp> dp;
+  std::optional<typename Impl::Fsdp> fully_sharded;
   if (strategy_ == Strategy::Ddp) {
     ddp.emplace(module, pg_, options_.ddp());
   } else if (strategy_ == Strategy::DataParallel) {
     dp.emplace(module, options_.dp());
+  } else if (strategy_ == Strategy::Fsdp) {
+    fully_sharded.emplace(module, pg_, fsdp_options());
   }
   std::optional<typename Impl::Autocast> autocast;
   if (options_.mixed_precision() != Precision::No) {
     autocast = typename Impl::Autocast{device_.type(),
                                        options_.mixed_precision() == Precision::Fp16 ? at::kHalf : at::kBFloat16};
   }
-  ddp::Reducer* reducer = ddp ? &(*ddp)->reducer() : nullptr;  // before the holder moves
-  PreparedModel<ModuleHolder> prepared(std::make_shared<Impl>(module, std::move(ddp), std::move(dp), autocast));
-  models_.push_back(ModelEntry{[module]() {
-                                  std::vector<std::pair<std::string, at::Tensor>> state;
-                                  for (const auto& item : module->named_parameters(true)) state.emplace_back(item.key(), item.value());
-                                  for (const auto& item : module->named_buffers(true)) state.emplace_back(item.key(), item.value());
-                                  return state;
-                                },
-                                reducer, prepared.ptr()});
+  ddp::Reducer* reducer = ddp ? &(*ddp)->reducer() : nullptr;  // before the holders move
+  std::shared_ptr<fsdp::detail::Engine> engine =
+      fully_sharded ? (*fully_sharded)->engine().shared_from_this() : nullptr;
+  PreparedModel<ModuleHolder> prepared(
+      std::make_shared<Impl>(module, std::move(ddp), std::move(dp), std::move(fully_sharded), autocast));
+  auto own = [module]() {
+    NamedTensors state;
+    for (const auto& item : module->named_parameters(true)) state.emplace_back(item.key(), item.value());
+    for (const auto& item : module->named_buffers(true)) state.emplace_back(item.key(), item.value());
+    return state;
+  };
+  ModelEntry entry{own, own, nullptr, reducer, engine, prepared.ptr()};
+  if (engine) entry.state = [engine, module]() { return fsdp_state(*engine, *module.ptr()); };
+  entry.load = [engine, module](const NamedTensors& whole) { load_model(engine.get(), *module.ptr(), whole); };
+  models_.push_back(std::move(entry));
   return prepared;
 }
 

@@ -10,6 +10,7 @@
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/options.h"
 #include "tandem/dp/options.h"
+#include "tandem/fsdp/options.h"
 
 namespace tandem {
 
@@ -23,6 +24,10 @@ enum class Strategy {
   DataParallel,
   /// One process per device, gradients averaged during backward: tandem::ddp::DistributedDataParallel.
   Ddp,
+  /// One process per device, every parameter sharded (ZeRO-3): tandem::fsdp::FullyShardedDataParallel
+  /// with `fsdp()`'s options; a model without units is auto-wrapped (docs/guide-fsdp.md). Never
+  /// picked by Auto.
+  Fsdp,
 };
 const char* to_string(Strategy strategy);
 
@@ -58,6 +63,8 @@ struct AcceleratorOptions {
   TORCH_ARG(std::chrono::milliseconds, collective_timeout) = comm::kDefaultCollectiveTimeout;
   /// Passed to DistributedDataParallel under Strategy::Ddp.
   TORCH_ARG(ddp::DistributedDataParallelOptions, ddp) = {};
+  /// Passed to FullyShardedDataParallel under Strategy::Fsdp (auto_wrap defaults to AutoWrapPolicy()).
+  TORCH_ARG(fsdp::FullyShardOptions, fsdp) = {};
   /// Passed to DataParallel under Strategy::DataParallel.
   TORCH_ARG(dp::DataParallelOptions, dp) = {};
   /// The GradScaler's options under Precision::Fp16.

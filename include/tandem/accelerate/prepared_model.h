@@ -13,8 +13,10 @@
 
 #include "tandem/accelerate/options.h"
 #include "tandem/amp/autocast.h"
+#include "tandem/error.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/data_parallel.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
 
 namespace tandem {
 
@@ -23,6 +25,7 @@ class PreparedModelImpl : public torch::nn::Module {
  public:
   using Ddp = ddp::DistributedDataParallel<ModuleHolder>;
   using Dp = dp::DataParallel<ModuleHolder>;
+  using Fsdp = fsdp::FullyShardedDataParallel<ModuleHolder>;
 
   /// Autocast of forward: the device type and dtype, when mixed precision is on.
   struct Autocast {
@@ -30,10 +33,13 @@ class PreparedModelImpl : public torch::nn::Module {
     at::ScalarType dtype = at::kBFloat16;
   };
 
-  PreparedModelImpl(ModuleHolder module, std::optional<Ddp> ddp, std::optional<Dp> dp, std::optional<Autocast> autocast)
+  PreparedModelImpl(ModuleHolder module, std::optional<Ddp> ddp, std::optional<Dp> dp, std::optional<Fsdp> fsdp,
+                    std::optional<Autocast> autocast)
       : torch::nn::Module("PreparedModel"), module_(std::move(module)), autocast_(autocast) {
     if (ddp) {
       ddp_ = register_module("wrapper", *ddp);
+    } else if (fsdp) {
+      fsdp_ = register_module("wrapper", *fsdp);
     } else if (dp) {
       dp_ = register_module("wrapper", *dp);
     } else {
@@ -47,6 +53,7 @@ class PreparedModelImpl : public torch::nn::Module {
     std::optional<amp::AutocastScope> scope;
     if (autocast_) scope.emplace(autocast_->device_type, autocast_->dtype);
     if (ddp_) return (*ddp_)->forward(std::forward<Args>(args)...);
+    if (fsdp_) return (*fsdp_)->forward(std::forward<Args>(args)...);
     if (dp_) {
       if constexpr (sizeof...(Args) == 1 && (std::is_convertible_v<Args, const at::Tensor&> && ...) &&
                     std::is_same_v<decltype(module_->forward(std::forward<Args>(args)...)), at::Tensor>) {
@@ -60,9 +67,10 @@ class PreparedModelImpl : public torch::nn::Module {
 
   /// The user's module (PyTorch's accelerator.unwrap_model).
   ModuleHolder& module() { return module_; }
-  /// Whether the next forwards take part in gradient synchronisation (DDP only).
+  /// Whether the next forwards take part in gradient synchronisation (DDP and FSDP).
   void set_require_backward_grad_sync(bool enabled) {
     if (ddp_) (*ddp_)->set_require_backward_grad_sync(enabled);
+    if (fsdp_) (*fsdp_)->engine().set_sync(enabled);
   }
   /// Uneven inputs (accelerate's join_uneven_inputs): the ranks may run `body` over different
   /// numbers of batches. Under DDP this is DistributedDataParallel::join (Note [Join] in
@@ -72,16 +80,25 @@ class PreparedModelImpl : public torch::nn::Module {
   /// same number of batches, padded or dropped); data split by hand may.
   int64_t join_uneven_inputs(const std::function<void()>& body) {
     if (ddp_) return (*ddp_)->join(body);
+    TANDEM_CHECK(!fsdp_, "join_uneven_inputs: not available under Strategy::Fsdp (a rank out of data cannot stand in "
+                         "for its units' gathers); give every rank the same number of batches (prepare_data does)");
     body();
     return 0;
   }
   bool is_ddp() const { return ddp_.has_value(); }
+  bool is_fsdp() const { return fsdp_.has_value(); }
+  /// The FSDP wrapper under Strategy::Fsdp (memory(), units(), gather_parameters()).
+  Fsdp& fsdp() {
+    TANDEM_CHECK(fsdp_, "PreparedModel: not prepared under Strategy::Fsdp");
+    return *fsdp_;
+  }
   bool is_data_parallel() const { return dp_.has_value(); }
 
  private:
   ModuleHolder module_;
   std::optional<Ddp> ddp_;
   std::optional<Dp> dp_;
+  std::optional<Fsdp> fsdp_;
   std::optional<Autocast> autocast_;
 };
 

@@ -5,23 +5,13 @@
 // be wrapped from outside: a module of your own calls its children through its own members, which
 // only it can point at a Unit (unit.h).
 #include <cstddef>
-#include <cstdint>
-#include <string>
-#include <vector>
 
-#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 
-namespace tandem::fsdp {
+#include "tandem/fsdp/auto_wrap_policy.h"
 
-struct AutoWrapPolicy {
-  /// An entry becomes a unit when it has at least this many parameter elements...
-  TORCH_ARG(int64_t, min_params) = 1;
-  /// ...and, when this list is not empty, its type is one of these (Module::name(), e.g.
-  /// "torch::nn::LinearImpl", or the name a custom module gives its base).
-  TORCH_ARG(std::vector<std::string>, module_types) = {};
-};
+namespace tandem::fsdp {
 
 /// Every entry of `sequential` the policy picks becomes a Unit. Returns how many.
 size_t wrap_entries(torch::nn::SequentialImpl& sequential, const AutoWrapPolicy& policy = {});

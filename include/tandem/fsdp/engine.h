@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,13 @@ struct UnitInfo {
   std::string name;               // its path in the root ("" for the root's own parameters)
   int64_t numel = 0;              // elements of its parameters, whole
   int64_t shard_numel = 0;        // elements of one rank's shards, padding included
+};
+
+/// How one parameter is cut (Note [Unit layout] in src/fsdp/unit_shard.h): rows [first_row,
+/// first_row + owned_rows) of its `rows` are this rank's; each rank's chunk is chunk_rows long.
+struct ShardSpec {
+  std::vector<int64_t> shape;
+  int64_t rows = 0, row_numel = 0, chunk_rows = 0, first_row = 0, owned_rows = 0;
 };
 
 namespace detail {
@@ -58,8 +66,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::pair<std::string, at::Tensor>> named_shards() const;
   /// The shard of one of the root's parameters (undefined when it is not one).
   at::Tensor shard_of(const at::Tensor& parameter) const;
+  /// How a parameter of the root is cut (nullopt when it is not one).
+  std::optional<ShardSpec> spec_of(const at::Tensor& parameter) const;
   /// Every parameter whole (copies), by name. Collective.
   std::vector<std::pair<std::string, at::Tensor>> gather_parameters();
+  /// Sets every parameter named in `whole` (global shapes, checked by the caller) by cutting this
+  /// rank's rows into its shard. Names it does not know are ignored.
+  void load_parameters(const std::vector<std::pair<std::string, at::Tensor>>& whole);
   /// torch.nn.utils.clip_grad_norm_ over the shards' gradients of every rank. Collective.
   double clip_grad_norm(double max_norm, double norm_type);
   MemoryBytes memory() const;

@@ -24,6 +24,7 @@
 
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/output_tensors.h"
+#include "tandem/fsdp/auto_wrap.h"
 #include "tandem/fsdp/engine.h"
 #include "tandem/fsdp/options.h"
 #include "tandem/fsdp/unit.h"
@@ -48,6 +49,11 @@ class NoSyncGuard {
   bool previous_;
 };
 
+namespace detail {
+/// Whether any module under `root` is a Unit.
+bool has_units(torch::nn::Module& root);
+}  // namespace detail
+
 /// Points an optimizer built on the model's parameters at their shards instead, in place (its
 /// param groups and hyper-parameters stay). Before its first step. Throws tandem::Error for a
 /// parameter the model does not shard.
@@ -60,6 +66,7 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   /// Collective (with sync_module_states, rank 0's weights first reach every rank).
   FullyShardedDataParallelImpl(ModuleHolder module, std::shared_ptr<comm::ProcessGroup> pg, FullyShardOptions options = {})
       : torch::nn::Module("FullyShardedDataParallel"), module_(register_module("module", module)) {
+    if (options.auto_wrap() && !detail::has_units(*module_)) auto_wrap(*module_, *options.auto_wrap());
     engine_ = detail::Engine::create(*module_, std::move(pg), options);
   }
 

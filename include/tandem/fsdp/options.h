@@ -2,8 +2,11 @@
 // Options of tandem::fsdp::FullyShardedDataParallel (PyTorch FSDP2's fully_shard arguments where
 // they exist).
 #include <cstdint>
+#include <optional>
 
 #include <torch/arg.h>
+
+#include "tandem/fsdp/auto_wrap_policy.h"
 
 namespace tandem::fsdp {
 
@@ -18,6 +21,9 @@ struct FullyShardOptions {
   /// Start from rank 0's parameters and buffers (a broadcast at wrap time), as DDP does and
   /// FSDP1's sync_module_states=True. Off: every rank must have built the same weights.
   TORCH_ARG(bool, sync_module_states) = true;
+  /// When the model has no tandem::fsdp::Unit yet, make units with this policy first (auto_wrap.h).
+  /// The Accelerator uses AutoWrapPolicy() when none is given.
+  TORCH_ARG(std::optional<AutoWrapPolicy>, auto_wrap) = std::nullopt;
 };
 
 }  // namespace tandem::fsdp

@@ -38,10 +38,11 @@
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/reducer.h"
 #include "tandem/zero/param_state.h"
+#include "tandem/zero/partitioned_optimizer.h"
 
 namespace tandem::zero {
 
-class GradientShardedOptimizer {
+class GradientShardedOptimizer : public PartitionedOptimizer {
  public:
   /// Builds the reducer's buckets from `optimizer`'s param groups and replaces the groups'
   /// parameters by this rank's shards (any state the optimizer held goes). Every parameter the
@@ -57,16 +58,16 @@ class GradientShardedOptimizer {
   /// updated parameter. Collective. Throws (on every rank) when a rank's step failed.
   void step();
   /// The same through `stepper` (e.g. a GradScaler's step); every rank must agree (checked).
-  bool step(const std::function<bool(torch::optim::Optimizer&)>& stepper);
+  bool step(const std::function<bool(torch::optim::Optimizer&)>& stepper) override;
   /// Zeroes the shards' gradients (they stay the reducer's tensors, which the next synced backward
   /// overwrites) and drops any gradient the parameters hold (accumulated under no_sync).
-  void zero_grad();
+  void zero_grad() override;
   /// torch.nn.utils.clip_grad_norm_ over every rank's shards: returns the total norm (the same on
   /// every rank) and scales the shards' gradients by min(1, max_norm / (norm + 1e-6)). Collective.
-  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+  double clip_grad_norm(double max_norm, double norm_type = 2.0) override;
 
   /// Every parameter of the groups as given at construction.
-  const std::vector<std::vector<at::Tensor>>& all_params() const { return all_; }
+  const std::vector<std::vector<at::Tensor>>& all_params() const override { return all_; }
   /// Elements of the shards this rank holds, padding included (the gradient and each state
   /// buffer are this many elements).
   int64_t shard_numel() const;
@@ -75,14 +76,13 @@ class GradientShardedOptimizer {
   /// Checkpoints: every parameter's state, whole and shaped like it ((key, tensor) as
   /// zero::state_tensors gives them), gathered from every rank's shards. Collective; every rank
   /// gets all of it. Parameters without state yet (no step taken) are left out.
-  std::vector<std::pair<at::Tensor, std::vector<std::pair<std::string, at::Tensor>>>> gather_state();
+  std::vector<std::pair<at::Tensor, NamedState>> gather_state() override;
   /// Checkpoints: this rank's shards' state cut from every parameter's whole state (`state_of(param)`,
   /// null when it has none), one per bucket, checked but not installed: the parameters of one
   /// bucket must all have state or none, with one step count (a shard has one), else tandem::Error.
-  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> build_state(
-      const std::function<const torch::optim::OptimizerParamState*(const at::Tensor&)>& state_of) const;
+  BuiltState build_state(const StateOf& state_of) const override;
   /// Replaces the shards' state by what build_state made (does not throw for its result).
-  void install_state(std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> built);
+  void install_state(BuiltState built) override;
 
  private:
   struct Piece {  // elements [param_offset, +length) of a parameter at [shard_offset, +length) of a shard

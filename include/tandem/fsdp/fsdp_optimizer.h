@@ -1,0 +1,41 @@
+#pragma once
+// The optimizer of a FullyShardedDataParallel model, for the Accelerator (and anyone who wants
+// checkpoints by parameter name): the caller's optimizer, pointed at the shards (shard_optimizer),
+// stepped with every rank agreeing, and its state gathered into whole parameters' state or cut
+// back into rows (zero::PartitionedOptimizer). The optimizer must step element by element (SGD,
+// Adam, AdamW, RMSprop, Adagrad): a shard's step is then exactly the whole step's rows.
+#include <memory>
+#include <vector>
+
+#include "tandem/fsdp/engine.h"
+#include "tandem/zero/param_state.h"
+#include "tandem/zero/partitioned_optimizer.h"
+
+namespace tandem::fsdp {
+
+class FsdpOptimizer : public zero::PartitionedOptimizer {
+ public:
+  /// `optimizer` holds the model's parameters (before its first step); it is changed in place.
+  /// `optimizer` must outlive this object. Throws tandem::Error for another optimizer type.
+  FsdpOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<detail::Engine> engine);
+
+  bool step(const std::function<bool(torch::optim::Optimizer&)>& stepper) override;
+  void step();
+  void zero_grad() override;
+  double clip_grad_norm(double max_norm, double norm_type = 2.0) override;
+  const std::vector<std::vector<at::Tensor>>& all_params() const override { return all_; }
+  std::vector<std::pair<at::Tensor, NamedState>> gather_state() override;
+  BuiltState build_state(const StateOf& state_of) const override;
+  void install_state(BuiltState built) override;
+  at::Tensor whole_like(const at::Tensor& param) const override;
+  torch::optim::Optimizer& optimizer() { return optimizer_; }
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+  std::shared_ptr<detail::Engine> engine_;
+  zero::OptimizerKind kind_;
+  std::vector<std::vector<at::Tensor>> all_;     // per group, the model's parameters
+  std::vector<std::vector<at::Tensor>> shards_;  // per group, what the optimizer holds
+};
+
+}  // namespace tandem::fsdp

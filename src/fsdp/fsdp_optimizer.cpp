@@ -1,0 +1,131 @@
+#include "tandem/fsdp/fsdp_optimizer.h"
+
+#include <map>
+
+#include "tandem/error.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
+#include "zero/step_guards.h"
+
+namespace tandem::fsdp {
+
+FsdpOptimizer::FsdpOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<detail::Engine> engine)
+    : optimizer_(optimizer), engine_(std::move(engine)), kind_(zero::kind_of(optimizer)) {
+  TANDEM_CHECK(kind_ != zero::OptimizerKind::None,
+               "fsdp: this optimizer type is not one FSDP can step in row shards (a step that is exact element by "
+               "element): use SGD, Adam, AdamW, RMSprop or Adagrad");
+  for (const auto& group : optimizer.param_groups()) all_.push_back(group.params());
+  shard_optimizer(optimizer, *engine_);
+  optimizer.state().clear();  // Adagrad's initial state was the whole parameters'
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    shards_.push_back(optimizer.param_groups()[g].params());
+    for (const auto& shard : shards_.back()) {
+      if (auto initial = zero::initial_state(kind_, optimizer.param_groups()[g].options(), shard)) {
+        optimizer.state()[shard.unsafeGetTensorImpl()] = std::move(initial);
+      }
+    }
+  }
+}
+
+bool FsdpOptimizer::step(const std::function<bool(torch::optim::Optimizer&)>& stepper) {
+  zero::check_groups_unchanged(optimizer_, shards_, "FsdpOptimizer");
+  // The next forward gathers what this step wrote into the shards.
+  return zero::agreed_step(*engine_->process_group(), [&] {
+    at::NoGradGuard no_grad;
+    return stepper(optimizer_);
+  });
+}
+
+void FsdpOptimizer::step() {
+  step([](torch::optim::Optimizer& o) {
+    o.step();
+    return true;
+  });
+}
+
+void FsdpOptimizer::zero_grad() { optimizer_.zero_grad(); }
+
+double FsdpOptimizer::clip_grad_norm(double max_norm, double norm_type) {
+  return engine_->clip_grad_norm(max_norm, norm_type);
+}
+
+std::vector<std::pair<at::Tensor, zero::PartitionedOptimizer::NamedState>> FsdpOptimizer::gather_state() {
+  at::NoGradGuard no_grad;
+  auto& pg = *engine_->process_group();
+  // Which parameters have state, agreed (a rank without rows still steps its empty shard).
+  std::vector<std::pair<size_t, size_t>> order;
+  for (size_t g = 0; g < shards_.size(); ++g) {
+    for (size_t i = 0; i < shards_[g].size(); ++i) order.emplace_back(g, i);
+  }
+  at::Tensor has = at::zeros({static_cast<int64_t>(order.size())}, at::kInt);
+  for (size_t k = 0; k < order.size(); ++k) {
+    const auto& shard = shards_[order[k].first][order[k].second];
+    has[k] = optimizer_.state().count(shard.unsafeGetTensorImpl()) ? 1 : 0;
+  }
+  pg.all_reduce(has, comm::ReduceOp::Min);
+  std::vector<std::pair<at::Tensor, NamedState>> out;
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (has[k].item<int>() == 0) continue;
+    const auto& [g, i] = order[k];
+    const auto& shard = shards_[g][i];
+    const auto spec = engine_->spec_of(all_[g][i]).value();
+    NamedState whole;
+    for (auto& [key, t] : zero::state_tensors(kind_, *optimizer_.state().at(shard.unsafeGetTensorImpl()))) {
+      if (key == "step") {  // the same on every rank
+        whole.emplace_back(key, t.clone());
+        continue;
+      }
+      at::Tensor chunk = at::zeros({spec.chunk_rows, spec.row_numel}, t.options());
+      if (spec.owned_rows > 0) chunk.narrow(0, 0, spec.owned_rows).copy_(t.reshape({spec.owned_rows, spec.row_numel}));
+      at::Tensor rows = at::cat(pg.all_gather(chunk), 0).narrow(0, 0, spec.rows);
+      whole.emplace_back(key, rows.reshape(spec.shape).clone());
+    }
+    out.emplace_back(all_[g][i], std::move(whole));
+  }
+  return out;
+}
+
+zero::PartitionedOptimizer::BuiltState FsdpOptimizer::build_state(const StateOf& state_of) const {
+  at::NoGradGuard no_grad;
+  BuiltState built;
+  for (size_t g = 0; g < shards_.size(); ++g) {
+    for (size_t i = 0; i < shards_[g].size(); ++i) {
+      const auto& shard = shards_[g][i];
+      const auto* state = state_of(all_[g][i]);
+      if (!state) {
+        built.push_back(zero::initial_state(kind_, optimizer_.param_groups()[g].options(), shard));
+        continue;
+      }
+      const auto spec = engine_->spec_of(all_[g][i]).value();
+      std::map<std::string, at::Tensor> rows;
+      for (auto& [key, t] : zero::state_tensors(kind_, *state)) {
+        rows[key] = key == "step" ? t
+                                 : t.reshape({spec.rows, spec.row_numel})
+                                       .narrow(0, spec.first_row, spec.owned_rows)
+                                       .reshape(shard.sizes())
+                                       .clone();
+      }
+      built.push_back(zero::make_state(kind_, std::move(rows), shard, "fsdp: the checkpoint's state"));
+    }
+  }
+  return built;
+}
+
+at::Tensor FsdpOptimizer::whole_like(const at::Tensor& param) const {
+  const auto spec = engine_->spec_of(param);
+  return spec ? at::empty(spec->shape, param.options()) : param;
+}
+
+void FsdpOptimizer::install_state(BuiltState built) {
+  size_t k = 0;
+  for (const auto& group : shards_) {
+    for (const auto& shard : group) {
+      if (k >= built.size()) return;
+      void* key = shard.unsafeGetTensorImpl();
+      optimizer_.state().erase(key);
+      if (built[k]) optimizer_.state()[key] = std::move(built[k]);
+      ++k;
+    }
+  }
+}
+
+}  // namespace tandem::fsdp
