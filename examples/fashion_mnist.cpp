@@ -1,7 +1,7 @@
 // Fashion-MNIST with the Accelerator, top to bottom: the same program trains on one CPU, on
 // several processes (`tandem run`, torchrun, mpirun), on one GPU or several.
 //
-//   tandem run --nproc-per-node 2 -- ./fashion_mnist [--epochs 8] [--strategy auto|single|dp|ddp]
+//   tandem run --nproc-per-node 2 -- ./fashion_mnist [--epochs 8] [--strategy auto|single|dp|ddp|fsdp]
 //       [--mixed-precision no|bf16|fp16] [--zero-stage 0|1|2] [--batch-size 64] [--checkpoints DIR]
 //       [--checkpointing-steps N] [--resume-from DIR]
 //
@@ -21,27 +21,30 @@
 
 namespace {
 
-// Two convolutions and two linear layers: about 0.2 M parameters.
+// Two convolutions and two linear layers: about 0.2 M parameters. Each layer is a
+// tandem::fsdp::Unit: under --strategy fsdp it is gathered just before it runs and freed after;
+// under the other strategies a Unit only calls the layer.
 struct CnnImpl : torch::nn::Module {
+  using Unit = tandem::fsdp::Unit;
   CnnImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
-        fc1(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+      : conv1(register_module("conv1", Unit(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1))))),
+        conv2(register_module("conv2", Unit(torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1))))),
+        fc1(register_module("fc1", Unit(torch::nn::Linear(32 * 7 * 7, 128)))),
+        fc2(register_module("fc2", Unit(torch::nn::Linear(128, 10)))) {}
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = at::max_pool2d(conv1(x).relu(), 2);  // 16 x 14 x 14
     h = at::max_pool2d(conv2(h).relu(), 2);             // 32 x 7 x 7
     return fc2(fc1(h.flatten(1)).relu());
   }
-  torch::nn::Conv2d conv1, conv2;
-  torch::nn::Linear fc1, fc2;
+  Unit conv1, conv2, fc1, fc2;
 };
 TORCH_MODULE(Cnn);
 
 std::map<std::string, tandem::Strategy> kStrategies = {{"auto", tandem::Strategy::Auto},
                                                        {"single", tandem::Strategy::Single},
                                                        {"dp", tandem::Strategy::DataParallel},
-                                                       {"ddp", tandem::Strategy::Ddp}};
+                                                       {"ddp", tandem::Strategy::Ddp},
+                                                       {"fsdp", tandem::Strategy::Fsdp}};
 std::map<std::string, tandem::Precision> kPrecisions = {
     {"no", tandem::Precision::No}, {"bf16", tandem::Precision::Bf16}, {"fp16", tandem::Precision::Fp16}};
 
@@ -52,7 +55,7 @@ int train(int argc, char** argv) {
   std::string strategy = "auto", precision = "no", checkpoints = "checkpoints", resume_from, data_root;
   app.add_option("--epochs", epochs, "Passes over the training set")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--batch-size", batch_size, "Samples per process per step")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--strategy", strategy)->check(CLI::IsMember({"auto", "single", "dp", "ddp"}))->capture_default_str();
+  app.add_option("--strategy", strategy)->check(CLI::IsMember({"auto", "single", "dp", "ddp", "fsdp"}))->capture_default_str();
   app.add_option("--mixed-precision", precision)->check(CLI::IsMember({"no", "bf16", "fp16"}))->capture_default_str();
   app.add_option("--zero-stage", zero_stage,
                  "0: plain DDP; 1: each process keeps its share of Adam's state; 2: and of the gradients")

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # fashion_mnist_resume.sh TANDEM FASHION_MNIST ZERO_STAGE: the main job under 2 processes with
-# ZeRO, one epoch, a checkpoint every 400 steps (step 400 is mid-epoch); then the checkpoint of
+# ZeRO (ZERO_STAGE 1 or 2; "fsdp": fully sharded), one epoch, a checkpoint every 400 steps (step 400 is mid-epoch); then the checkpoint of
 # step 400 resumed under 1 and under 3 processes, each finishing the epoch (the rest of it shared
 # among its processes). Every run must learn (>= 85 % after the epoch).
 set -eu
 tandem="$1"; example="$2"; zero="$3"
+if [[ $zero == fsdp ]]; then sharding=(--strategy fsdp); else sharding=(--zero-stage "$zero"); fi
 source "$(dirname "$0")/../support/logs.sh"
 scratch_dir work
 accuracy='test accuracy (8[5-9]|9[0-9])\.[0-9]+% \(([0-9]+)/10000 images\)'
 run() {  # run NAME NPROC ARGS...
   local name="$1" nproc="$2"; shift 2
-  timeout -k 5 500 "$tandem" run --nproc-per-node "$nproc" -- "$example" --epochs 1 --zero-stage "$zero" \
+  timeout -k 5 500 "$tandem" run --nproc-per-node "$nproc" -- "$example" --epochs 1 "${sharding[@]}" \
     --checkpoints "$work/$name.ckpt" "$@" >"$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; exit 1; }
   grep -Eq "$accuracy" "$work/$name.log" || { echo "FAIL: $name did not reach 85 %"; show_log "$work/$name.log"; exit 1; }
   echo "$name: $(grep -E 'resumed from|test accuracy' "$work/$name.log" | sed 's/^tandem: //' | tr '\n' ' ')"
@@ -22,4 +23,4 @@ for n in 1 3; do
   run "resumed-by-$n" "$n" --resume-from "$mid"
   grep -q "resumed from $mid at step 400 (epoch 0)" "$work/resumed-by-$n.log" || { echo "FAIL: resumed-by-$n did not resume"; exit 1; }
 done
-echo "a checkpoint of 2 processes (zero_stage $zero) resumed under 1 and 3"
+echo "a checkpoint of 2 processes (${sharding[*]}) resumed under 1 and 3"
