@@ -32,6 +32,7 @@ STRATEGIES = {
     "accelerate": ("ranks", True),
     "zero1": ("ranks", True),
     "zero2": ("ranks", False),
+    "fsdp": ("ranks", True),
     "accelerate-zero1": ("ranks", False),
     "accelerate-zero2": ("ranks", False),
     "dp": ("replicas", True),
@@ -403,10 +404,14 @@ def minor_faults():
 def model_state_bytes(net, opt):
     """This rank's parameter, gradient and optimizer-state bytes, accounted from the tensors (the
     worker's model_state_bytes): ZeroRedundancyOptimizer keeps its share in opt.optim.state."""
-    local = getattr(opt, "optim", opt)
-    tensors = [t for s in local.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
-    return [sum(p.numel() * p.element_size() for p in net.parameters()),
-            sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad),  # what a step materialises
+    def local(t):  # FSDP2's DTensors: this rank's shard
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    state = getattr(opt, "optim", opt).state
+    tensors = [local(t) for s in state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
+    params = [local(p) for p in net.parameters()]
+    return [sum(p.numel() * p.element_size() for p in params),
+            sum(p.numel() * p.element_size() for p, q in zip(params, net.parameters()) if q.requires_grad),
             sum(t.numel() * t.element_size() for t in tensors)]
 
 
@@ -459,7 +464,7 @@ class Measurement:
         if a.strategy == "accelerate":
             return self.run_accelerate()
         dist = torch.distributed
-        if a.strategy in ("ddp", "ddp-no-sync", "zero1"):
+        if a.strategy in ("ddp", "ddp-no-sync", "zero1", "fsdp"):
             backend = "nccl" if self.cuda else "gloo"
             if "MASTER_ADDR" in os.environ:
                 dist.init_process_group(backend, rank=self.rank, world_size=self.world)
@@ -529,6 +534,17 @@ class Measurement:
             model = net
         elif a.strategy == "dp":
             model = nn.DataParallel(net, device_ids=list(range(a.replicas)))
+        elif a.strategy == "fsdp":  # FSDP2 on Tandem's units: Sequential entries, the GPT's embedding and head
+            from torch.distributed.fsdp import fully_shard
+            for module in list(net.modules()):
+                if isinstance(module, nn.Sequential):
+                    for entry in module:
+                        if any(True for _ in entry.parameters()):
+                            fully_shard(entry)
+            for name in ("tok_emb", "head"):
+                if hasattr(net, name):
+                    fully_shard(getattr(net, name))
+            model = fully_shard(net)
         else:
             model = nn.parallel.DistributedDataParallel(net, device_ids=[self.local_rank] if self.cuda else None)
         if a.strategy == "zero1":  # ZeRO-1: PyTorch's ZeroRedundancyOptimizer over the same SGD
@@ -542,7 +558,7 @@ class Measurement:
         if a.strategy in ("ddp", "ddp-no-sync", "zero1"):
             buckets = ddp_buckets(model)
         devices = list(range(a.replicas)) if a.strategy == "dp" else None
-        state = model_state_bytes(net, opt) if a.strategy in ("ddp", "zero1") else None
+        state = model_state_bytes(net, opt) if a.strategy in ("ddp", "zero1", "fsdp") else None
         return dict(loop=loop, params=params, grad_bytes=grad_bytes, buckets=buckets, devices=devices, state=state)
 
     def run_accelerate(self):

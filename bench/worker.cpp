@@ -9,7 +9,7 @@
 //                       [--sweep-collective all_reduce|reduce_scatter|all_gather] [--out FILE]
 //
 // Strategies: single (plain loop, world 1), ddp (DistributedDataParallel, synced every step),
-// ddp-no-sync (DDP with every step under no_sync: compute without communication), zero1, zero2
+// ddp-no-sync (DDP with every step under no_sync: compute without communication), zero1, zero2, fsdp
 // (DDP with ZeRO-1 or ZeRO-2 over the same SGD), accelerate-zero1/2 (the Accelerator's zero_stage), accelerate
 // (tandem::Accelerator, strategy Ddp), dp-replicate / dp-persistent (tandem::dp::DataParallel
 // over R replicas in one process), allreduce (the model's gradient bytes all-reduced through the
@@ -55,6 +55,7 @@
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/data_parallel.h"
 #include "tandem/error.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/host_allocator.h"
 #include "tandem/version.h"
 #include "tandem/zero/gradient_sharded_optimizer.h"
@@ -203,6 +204,7 @@ struct Result {
   std::vector<int64_t> bucket_bytes;  // DDP's buckets in launch order (the projection's input)
   std::vector<int64_t> replica_bytes;  // dp-* on CPU: memory_report() totals
   std::optional<std::array<int64_t, 3>> model_state;  // this rank's parameter, gradient, optimizer-state bytes
+  std::optional<std::array<int64_t, 2>> transient;    // fsdp: the peak a step adds, and two largest units' bytes
   std::vector<int64_t> device_bytes;   // dp-* on CUDA: each device's allocator peak
   std::optional<double> allreduce_p50, flat_allreduce_p50;
   std::optional<Json> sweep;
@@ -347,6 +349,19 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     if (sync) r.model_state = model_state_bytes(*net, opt);
     // ZeRO-2 keeps only this rank's gradient slices between steps (the buckets live while reduced).
     if (flat) (*r.model_state)[1] = flat->shard_numel() * static_cast<int64_t>(at::elementSize(at::kFloat));
+  } else if (o.strategy == "fsdp") {
+    // Every Sequential entry a unit (the large model's blocks); the rest is the root unit.
+    net->to(device);
+    fsdp::FullyShardedDataParallel model(net, pg, fsdp::FullyShardOptions().auto_wrap(fsdp::AutoWrapPolicy()));
+    auto opt = make_sgd(model->shard_parameters());
+    loop.run([&] { plain_step(o, loop, Stepper(opt, nullptr, nullptr), scaler_ptr, y, [&] { return model->forward(x); }); });
+    // Between steps: the shards, their gradients, the optimizer's state of the shards.
+    model->engine().reset_peak();
+    Loop untimed(o);
+    plain_step(o, untimed, Stepper(opt, nullptr, nullptr), scaler_ptr, y, [&] { return model->forward(x); });
+    const auto m = model->memory();
+    r.model_state = std::array<int64_t, 3>{m.parameter_shards, m.gradient_shards, zero::optimizer_state_bytes(opt)};
+    r.transient = std::array<int64_t, 2>{m.peak_transient, m.two_largest_units};
   } else if (o.strategy == "accelerate" || o.strategy == "accelerate-zero1" || o.strategy == "accelerate-zero2") {
     const Precision precision =
         o.precision == "bf16" ? Precision::Bf16 : (o.precision == "fp16" ? Precision::Fp16 : Precision::No);
@@ -607,11 +622,14 @@ int main(int argc, char** argv) {
     const double memory = o.cuda() ? static_cast<double>(cuda_peak_bytes(world.local_rank))
                                    : static_cast<double>(peak_rss_bytes());
     const auto state = r.model_state.value_or(std::array<int64_t, 3>{-1, -1, -1});
+    const auto transient = r.transient.value_or(std::array<int64_t, 2>{-1, -1});
     auto all = pg->all_gather(at::tensor({p50, memory, r.faults_per_step, static_cast<double>(state[0]),
-                                          static_cast<double>(state[1]), static_cast<double>(state[2])},
+                                          static_cast<double>(state[1]), static_cast<double>(state[2]),
+                                          static_cast<double>(transient[0]), static_cast<double>(transient[1])},
                                          at::kDouble));
     if (world.is_main()) {
-      Json rank_p50 = Json::array(), peak = Json::array(), faults = Json::array(), model_state = Json::array();
+      Json rank_p50 = Json::array(), peak = Json::array(), faults = Json::array(), model_state = Json::array(),
+           step_transient = Json::array();
       for (const auto& t : all) {
         rank_p50.push_back(t[0].item<double>());
         peak.push_back(static_cast<int64_t>(t[1].item<double>()));
@@ -619,6 +637,8 @@ int main(int argc, char** argv) {
         model_state.push_back(Json{{"params", static_cast<int64_t>(t[3].item<double>())},
                                    {"grads", static_cast<int64_t>(t[4].item<double>())},
                                    {"optimizer", static_cast<int64_t>(t[5].item<double>())}});
+        step_transient.push_back(Json{{"peak", static_cast<int64_t>(t[6].item<double>())},
+                                      {"two_largest_units", static_cast<int64_t>(t[7].item<double>())}});
       }
       std::string mem_kind = o.cuda() ? "cuda" : "rss";
       if (o.entry().memory == bench::Memory::ReplicaAccounting) {  // DataParallel: each replica's bytes
@@ -649,6 +669,7 @@ int main(int argc, char** argv) {
       record["rank_faults_per_step"] = faults;
       record["host_allocator"] = allocator.mode;
       if (r.model_state) record["model_state_bytes"] = model_state;  // per rank, accounted
+      if (r.transient) record["step_transient_bytes"] = step_transient;
       if (r.allreduce_p50) record["allreduce_p50_s"] = *r.allreduce_p50;
       if (r.flat_allreduce_p50) record["flat_allreduce_p50_s"] = *r.flat_allreduce_p50;
       if (r.sweep) record["sweep"] = *r.sweep;

@@ -29,6 +29,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include "tandem/error.h"
+#include "tandem/fsdp/unit.h"
 
 namespace tandem::bench {
 
@@ -168,13 +169,15 @@ struct GptBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(GptBlock);
 
+// The token embedding and the head (half the parameters at the cpu scale) are FSDP units of
+// their own, as torchtitan shards them; under the other strategies a Unit only calls its module.
 struct GptImpl : torch::nn::Module {
   explicit GptImpl(const GptConfig& c)
-      : tok_emb(register_module("tok_emb", torch::nn::Embedding(c.vocab, c.dim))),
+      : tok_emb(register_module("tok_emb", tandem::fsdp::Unit(torch::nn::Embedding(c.vocab, c.dim)))),
         pos_emb(register_module("pos_emb", torch::nn::Embedding(c.context, c.dim))),
         blocks(register_module("blocks", torch::nn::Sequential())),
         ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
-        head(register_module("head", torch::nn::Linear(c.dim, c.vocab))) {
+        head(register_module("head", tandem::fsdp::Unit(torch::nn::Linear(c.dim, c.vocab)))) {
     for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(GptBlock(c.dim, c.heads));
   }
   /// tokens [B,T] (T <= context) -> logits [B,T,V]
@@ -183,10 +186,11 @@ struct GptImpl : torch::nn::Module {
     at::Tensor h = tok_emb(tokens) + pos_emb(positions);
     return head(ln_f(blocks->forward(h)));
   }
-  torch::nn::Embedding tok_emb, pos_emb;
+  tandem::fsdp::Unit tok_emb;
+  torch::nn::Embedding pos_emb;
   torch::nn::Sequential blocks;
   torch::nn::LayerNorm ln_f;
-  torch::nn::Linear head;
+  tandem::fsdp::Unit head;
 };
 TORCH_MODULE(Gpt);
 

@@ -18,6 +18,7 @@
 #include "tandem/comm/cuda_info.h"
 #include "tandem/error.h"
 #include "tandem/fsdp/fsdp_optimizer.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/host_allocator.h"
 #include "tandem/zero/clip_grad_norm.h"
 
@@ -117,9 +118,9 @@ void Accelerator::choose_strategy() {
                      : c10::Device(c10::kCPU);
 }
 
-fsdp::FullyShardOptions Accelerator::fsdp_options() const {
+fsdp::FullyShardOptions Accelerator::fsdp_options(torch::nn::Module& model) const {
   fsdp::FullyShardOptions options = options_.fsdp();
-  if (!options.auto_wrap()) options.auto_wrap(fsdp::AutoWrapPolicy());
+  if (!options.auto_wrap() && !fsdp::detail::has_units(model)) options.auto_wrap(fsdp::AutoWrapPolicy());
   return options;
 }
 

@@ -137,7 +137,30 @@ void render_model_state(const Analysis& analysis, bool backends, std::ostringstr
   }
   md << "\nCounted from the tensors each rank holds (its parameters, the gradients a step materialises, its "
         "optimizer's state), not its RSS. With ZeRO-1 a rank keeps the optimizer state of its share of the "
-        "parameters only.\n";
+        "parameters only; with ZeRO-2 its gradients too; with FSDP its parameters too (the columns then hold its "
+        "shards).\n";
+  if (std::none_of(analysis.rows.begin(), analysis.rows.end(), [](const Row& r) { return !r.transient_MB.empty(); })) {
+    return;
+  }
+  md << "\n### FSDP: the peak inside a step (accounted, MiB, the largest rank)\n\n"
+        "| model | strategy | devices | at rest | peak in a step | at rest + two largest units | total ÷ DDP's |\n"
+        "|---|---|---|---|---|---|---|\n";
+  for (const auto& r : analysis.rows) {
+    if (r.transient_MB.empty()) continue;
+    const Row* ddp = find_row(analysis.rows, r.model, r.impl, "ddp", r.world, r.nodes, r.backend);
+    const double rest = r.state_params_MB.median + r.state_grads_MB.median + r.state_optimizer_MB.median;
+    const double ddp_total = ddp && !ddp->state_params_MB.empty()
+                                 ? ddp->state_params_MB.median + ddp->state_grads_MB.median + ddp->state_optimizer_MB.median
+                                 : 0;
+    md << "| " << r.model << " | " << label(r, backends) << " | " << devices(r) << " | " << num(rest, 2) << " | "
+       << num(rest + r.transient_MB.median, 2) << " | " << num(rest + r.two_units_MB.median, 2) << " | "
+       << (ddp_total > 0 ? num(rest / ddp_total, 2) : "–") << " |\n";
+  }
+  md << "\nAt rest: the shards, their gradients and the optimizer's state of the shards. The peak adds what a "
+        "step holds at once beyond that: gathered units (the root unit stays gathered from forward to the end "
+        "of backward; with prefetching the next unit is gathered while one runs) and a unit's whole gradients "
+        "until they are reduce-scattered. The formula beside it is the state at rest plus the two largest "
+        "units' whole parameters.\n";
 }
 
 std::string describe_machine(const Results& results) {

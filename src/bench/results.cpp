@@ -108,6 +108,12 @@ Run run_from_record(const json& record) {
                                field<int64_t>(rank, "optimizer", in)});
     }
   }
+  if (record.contains("step_transient_bytes")) {
+    for (const auto& rank : record["step_transient_bytes"]) {
+      const std::string in = where + " (step_transient_bytes)";
+      r.step_transient.push_back({field<int64_t>(rank, "peak", in), field<int64_t>(rank, "two_largest_units", in)});
+    }
+  }
   r.allreduce_p50_s = field_or<double>(record, "allreduce_p50_s", 0, where);
   r.flat_allreduce_p50_s = field_or<double>(record, "flat_allreduce_p50_s", 0, where);
   if (record.contains("sweep")) {
@@ -138,6 +144,12 @@ json to_json(const Run& r) {
     j["model_state_bytes"] = json::array();
     for (const auto& [params, grads, optimizer] : r.model_state) {
       j["model_state_bytes"].push_back({{"params", params}, {"grads", grads}, {"optimizer", optimizer}});
+    }
+  }
+  if (!r.step_transient.empty()) {
+    j["step_transient_bytes"] = json::array();
+    for (const auto& [peak, units] : r.step_transient) {
+      j["step_transient_bytes"].push_back({{"peak", peak}, {"two_largest_units", units}});
     }
   }
   if (const Strategy* s = find_strategy(r.strategy); s && s->timing == Timing::GradientAllReduce) {

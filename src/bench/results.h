@@ -39,6 +39,9 @@ struct Run {
   /// Per rank, accounted model state: parameter, gradient and optimizer-state bytes (strategies
   /// with `model_state` in the table; absent otherwise and in older files).
   std::vector<std::array<int64_t, 3>> model_state;
+  /// Per rank, under fsdp: the most a step held at once beyond that state (gathered parameters,
+  /// whole gradients), and its two largest units' bytes (absent otherwise).
+  std::vector<std::array<int64_t, 2>> step_transient;
   double allreduce_p50_s = 0, flat_allreduce_p50_s = 0;
   std::vector<SweepPoint> sweep;
   std::string unsupported;        // set: this combination does not exist; no timings

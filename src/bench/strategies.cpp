@@ -107,6 +107,20 @@ std::vector<Strategy> make_table() {
   zero2.colour = "#999933";
   zero2.colour_mpi = "#DDCC77";
 
+  // Fully sharded (ZeRO-3): every Sequential entry a unit (the large model's blocks), the rest the
+  // root unit; PyTorch's FSDP2 (fully_shard on the same modules) is the peer, on CPU/Gloo too.
+  Strategy& fsdp = add("fsdp", Role::Compared, Launch::Ranks);
+  fsdp.summary = "FullyShardedDataParallel: parameters, gradients and optimizer state sharded (ZeRO-3)";
+  fsdp.label = "Tandem FSDP";
+  fsdp.peer = "fsdp";
+  fsdp.peer_label = "PyTorch FSDP2";
+  fsdp.pytorch = true;
+  fsdp.by_default = false;
+  fsdp.precisions = {"fp32", "bf16"};
+  fsdp.model_state = true;
+  fsdp.colour = "#882255";
+  fsdp.colour_mpi = "#CC6677";
+
   // The Accelerator's loop with its zero_stage option: what a user of tandem::Accelerator runs.
   // accelerate's own ZeRO is DeepSpeed's plugin, which needs DeepSpeed: no peer here either.
   for (const char* stage : {"1", "2"}) {

@@ -170,6 +170,14 @@ std::vector<Row> summarize(const RunIndex& index) {
               return most / kMiB;
             });
           }
+          for (size_t kind = 0; kind < 2; ++kind) {
+            (kind == 0 ? row.transient_MB : row.two_units_MB) = over_repeats(runs, [kind](int, const Run& r) -> std::optional<double> {
+              if (r.step_transient.empty()) return std::nullopt;
+              int64_t most = 0;
+              for (const auto& rank : r.step_transient) most = std::max(most, rank[kind]);
+              return most / kMiB;
+            });
+          }
           if (impl == "tandem" && !entry.peer.empty()) {
             const auto& peer = index.repeats(model, "pytorch", entry.peer, world, nodes);
             if (!peer.empty()) {

@@ -39,6 +39,7 @@ struct Row {
   Stat mem_others_MB;        // the largest peak among the other devices (empty at world 1)
   std::string mem_kind;
   Stat state_params_MB, state_grads_MB, state_optimizer_MB;  // accounted, the largest rank's (empty: not recorded)
+  Stat transient_MB, two_units_MB;  // fsdp: what a step adds at most, its two largest units (the largest rank's)
   std::string peer_strategy; // the PyTorch row this one is compared with ("" when none)
   Stat vs_peer;              // Tandem samples/s / the peer's, within each repeat
 };

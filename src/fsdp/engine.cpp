@@ -1,19 +1,21 @@
 // Note [FSDP schedule]
 // Units are the tandem::fsdp::Unit modules under the root, plus the root unit (the parameters of
-// no unit). Each parameter belongs to the innermost unit around it (Note [Unit layout] for how it
-// is stored). One training step:
-// - root forward: gather the root unit (it stays gathered until the end of backward: FSDP2 does
-//   not reshard the root after forward either); prefetch the first unit of the last step's order.
+// no unit, stored as one unit per child of the root). Each parameter belongs to the innermost
+// unit around it (Note [Unit layout] for how it is stored). One training step:
+// - root forward: gather the root unit (it is not freed after forward: FSDP2 does not reshard the
+//   root after forward either); prefetch the first unit of the last step's order.
 // - unit forward: wait for its gather (or gather now); prefetch the next unit in the order the last
-//   step ran them; run it; free it (reshard_after_forward), unless its output could not be hooked
-//   (an opaque output type), in which case it stays gathered until the end of backward.
+//   step ran them; run it; free it (reshard_after_forward), unless it is the last unit of the
+//   forward (the first of backward: it would be gathered again at once) or its output could not be
+//   hooked (an opaque output type), in which case it stays gathered until its backward.
 // - unit backward: a pre-hook on the autograd node of each of the unit's outputs runs before any
 //   of the unit's backward: gather it again (or wait for its prefetch), prefetch the unit before it
 //   in forward order. Autograd saved the parameter tensors themselves, whose data is gathered
 //   again, so what backward reads is valid.
 // - gradients: a post-hook on each parameter's AccumulateGrad counts the unit's gradients; once
 //   all of a unit's have arrived, the unit is reduce-scattered (averaged, as DDP averages) while
-//   backward goes on, the whole gradients are dropped, and the unit is freed.
+//   backward goes on, the whole gradients are dropped, and the unit is freed (each child of the
+//   root too: an output head's gradients go early in backward, not with the embedding's at the end).
 // - end of backward (one callback queued by the first hook): units some of whose parameters got
 //   no gradient are reduce-scattered now (zeros for those), every reduce-scatter is waited for and
 //   added into the shards' gradients, every unit is freed.
@@ -69,7 +71,7 @@ struct Engine::State {
   torch::nn::Module* root = nullptr;
   std::vector<std::unique_ptr<UnitShard>> units;  // the Unit modules' in tree order, then the root unit
   std::vector<UnitImpl*> modules;                 // the Unit modules (units.size() or one fewer)
-  std::optional<size_t> root_unit;
+  std::vector<size_t> root_units;                 // the root's parameters, per child of the root
   std::vector<at::TensorImpl*> identity;          // the root's parameters as wrapped, in order
   std::unordered_map<const at::TensorImpl*, std::pair<size_t, size_t>> where;  // parameter -> (unit, slot)
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
@@ -81,6 +83,14 @@ struct Engine::State {
   std::vector<size_t> order, last_order;  // units as this forward and the last one ran them
   std::vector<bool> keep;              // not freed after forward (output not hookable)
   std::vector<int64_t> expected, ready;  // gradients per unit: needed, arrived in this backward
+  int64_t peak_transient = 0;           // bytes (MemoryBytes::peak_transient)
+  void note_peak() {
+    int64_t now = 0;
+    for (const auto& unit : units) {
+      now += (unit->gathered_numel() + unit->full_grad_numel()) * static_cast<int64_t>(c10::elementSize(unit->dtype()));
+    }
+    peak_transient = std::max(peak_transient, now);
+  }
   bool backward_started = false;
   bool backward_pending = false;       // a forward's outputs wait for their backward
 };
@@ -151,10 +161,25 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
     s.pg->broadcast_coalesced(state, 0);
   }
 
+  // The root unit's parameters are stored as one unit per child of the root (its own tensors in
+  // one more): all of them are gathered for the whole step, but each child's gradients are
+  // reduce-scattered, and its parameters freed, as soon as they are all in (an output head's
+  // early in backward, an embedding's at the end), not when the last of the root's arrives.
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, at::Tensor>>>> groups;
+  for (size_t u = 0; u < found.size(); ++u) groups.emplace_back(found[u].first, std::move(params[u]));
+  const size_t first_root = groups.size();
+  for (auto& item : params[found.size()]) {
+    const auto dot = item.first.find('.');
+    const std::string child = dot == std::string::npos ? "" : item.first.substr(0, dot);
+    auto it = std::find_if(groups.begin() + static_cast<std::ptrdiff_t>(first_root), groups.end(),
+                           [&](const auto& g) { return g.first == child; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {child, {}});
+    it->second.push_back(std::move(item));
+  }
+
   // The hooks before any data changes: AccumulateGrad keeps the shape it is created with.
-  for (size_t u = 0; u < params.size(); ++u) {
-    for (size_t i = 0; i < params[u].size(); ++i) {
-      const at::Tensor& p = params[u][i].second;
+  for (size_t u = 0; u < groups.size(); ++u) {
+    for (const auto& [name, p] : groups[u].second) {
       if (!p.requires_grad()) continue;
       auto accumulator = torch::autograd::impl::grad_accumulator(p);
       std::weak_ptr<Engine> weak = engine;
@@ -165,13 +190,11 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
     }
   }
 
-  for (size_t u = 0; u < found.size(); ++u) {
-    s.units.push_back(std::make_unique<UnitShard>(found[u].first, std::move(params[u]), *s.pg));
-    s.modules.push_back(found[u].second);
-  }
-  if (!params[found.size()].empty()) {
-    s.root_unit = s.units.size();
-    s.units.push_back(std::make_unique<UnitShard>("", std::move(params[found.size()]), *s.pg));
+  for (size_t u = 0; u < groups.size(); ++u) {
+    if (u >= first_root) s.root_units.push_back(u);
+    s.units.push_back(std::make_unique<UnitShard>(u >= first_root ? "(root) " + groups[u].first : groups[u].first,
+                                                  std::move(groups[u].second), *s.pg));
+    if (u < first_root) s.modules.push_back(found[u].second);
   }
   for (size_t u = 0; u < s.units.size(); ++u) {
     for (size_t i = 0; i < s.units[u]->slots().size(); ++i) {
@@ -205,7 +228,9 @@ void Engine::root_pre_forward() {
   if (!s.order.empty()) s.last_order = s.order;
   s.order.clear();
   s.synced_forward = s.sync;
-  if (s.root_unit) s.units[*s.root_unit]->finish_gather();
+  for (size_t u : s.root_units) s.units[u]->start_gather();
+  for (size_t u : s.root_units) s.units[u]->finish_gather();
+  s.note_peak();
   if (s.options.prefetch() && !s.last_order.empty()) s.units[s.last_order.front()]->start_gather();
 }
 
@@ -217,7 +242,7 @@ void Engine::root_post_forward(const std::vector<at::Tensor>& outputs, bool comp
     for (const auto& out : outputs) {
       if (!out.defined() || !out.requires_grad() || !out.grad_fn()) continue;
       if (!done.insert(out.grad_fn().get()).second) continue;
-      out.grad_fn()->add_pre_hook(std::make_unique<BeforeBackward>(weak_from_this(), s.root_unit.value_or(s.units.size())));
+      out.grad_fn()->add_pre_hook(std::make_unique<BeforeBackward>(weak_from_this(), s.units.size()));  // the root's
       hooked = true;
     }
   }
@@ -233,6 +258,7 @@ void Engine::unit_pre_forward(size_t unit) {
   State& s = *s_;
   s.order.push_back(unit);
   s.units[unit]->finish_gather();
+  s.note_peak();
   // The next unit of the last step's order, if this step has followed it so far.
   const size_t k = s.order.size();
   if (s.options.prefetch() && k < s.last_order.size() && s.last_order[k - 1] == unit) {
@@ -259,7 +285,10 @@ void Engine::unit_post_forward(size_t unit, const std::vector<at::Tensor>& outpu
     if (!complete) needs_backward = true;  // an output we could not look into may need it
   }
   if (needs_backward && !hookable) s.keep[unit] = true;
-  if (s.options.reshard_after_forward() && !s.keep[unit]) s.units[unit]->reshard();
+  // The last unit of the forward is the first of backward: freeing it would only gather it again
+  // (the peak is the same either way). Known from the last step's order.
+  const bool last = !s.last_order.empty() && s.order.size() == s.last_order.size() && s.last_order.back() == unit;
+  if (s.options.reshard_after_forward() && !s.keep[unit] && !(last && needs_backward)) s.units[unit]->reshard();
 }
 
 void Engine::forward_failed(std::exception_ptr error) {
@@ -300,8 +329,9 @@ void Engine::pre_backward(size_t unit) {
       if (auto e = weak.lock()) e->end_of_backward();
     });
   }
-  const bool root = unit >= s.units.size() || s.root_unit == unit;
-  if (unit < s.units.size()) s.units[unit]->finish_gather();
+  const bool root = unit >= s.units.size();
+  if (!root) s.units[unit]->finish_gather();
+  s.note_peak();
   if (!s.options.prefetch()) return;
   if (root) {  // backward starts with the last unit of the forward
     if (!s.order.empty()) s.units[s.order.back()]->start_gather();
@@ -320,14 +350,16 @@ void Engine::on_gradient(size_t unit) {
   std::lock_guard<std::mutex> lock(s.mutex);
   if (!s.backward_started) return;  // a backward that did not start from this model's output
   if (++s.ready[unit] != s.expected[unit]) return;
+  s.note_peak();
   if (s.synced_forward) s.units[unit]->start_reduce();
-  if (s.root_unit != unit) s.units[unit]->reshard();
+  s.units[unit]->reshard();  // its backward is over: every gradient of it is in
 }
 
 void Engine::end_of_backward() {
   State& s = *s_;
   std::lock_guard<std::mutex> lock(s.mutex);
   const bool synced = s.synced_forward && s.backward_started;
+  s.note_peak();
   s.backward_started = s.backward_pending = false;
   std::fill(s.keep.begin(), s.keep.end(), false);
   std::exception_ptr failure;
@@ -416,8 +448,17 @@ double Engine::clip_grad_norm(double max_norm, double norm_type) {
   return zero::clip_sharded_grad_norm(grads, *s_->pg, max_norm, norm_type);
 }
 
+void Engine::reset_peak() { s_->peak_transient = 0; }
+
 MemoryBytes Engine::memory() const {
   MemoryBytes m;
+  m.peak_transient = s_->peak_transient;
+  std::vector<int64_t> sizes;
+  for (const auto& unit : s_->units) {
+    sizes.push_back(unit->shard_numel() * s_->pg->size() * static_cast<int64_t>(c10::elementSize(unit->dtype())));
+  }
+  std::sort(sizes.rbegin(), sizes.rend());
+  for (size_t i = 0; i < sizes.size() && i < 2; ++i) m.two_largest_units += sizes[i];
   for (const auto& unit : s_->units) {
     const int64_t element = static_cast<int64_t>(c10::elementSize(unit->dtype()));
     m.parameter_shards += unit->shard_numel() * element;

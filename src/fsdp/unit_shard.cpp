@@ -114,21 +114,26 @@ void UnitShard::start_reduce() {
   bool any = false;
   for (const auto& slot : slots_) any = any || slot.param.requires_grad();
   if (!any) return;
-  reduce_input_ = at::zeros({world_ * per_rank_}, local_.options());
+  // Every element is written once: a rank's rows (× 1/W) or zero (the padding, a missing gradient).
+  reduce_input_ = at::empty({world_ * per_rank_}, local_.options());
   at::Tensor rank_major = reduce_input_.view({world_, per_rank_});
   for (auto& slot : slots_) {
     at::Tensor grad = slot.param.grad();
-    if (!grad.defined()) continue;
-    at::Tensor flat = grad.reshape({-1});
+    at::Tensor flat = grad.defined() ? grad.reshape({-1}) : at::Tensor();
     for (int64_t r = 0; r < world_; ++r) {
       const int64_t first = r * slot.chunk_rows;
       const int64_t owned = std::max<int64_t>(0, std::min(slot.rows, first + slot.chunk_rows) - first);
-      if (owned == 0) break;
-      at::Tensor into = rank_major[r].narrow(0, slot.offset, owned * slot.row_numel);
-      // × 1/W while copying, as DDP's reducer does: the same rounding as DDP's average.
-      at::mul_out(into, flat.narrow(0, first * slot.row_numel, owned * slot.row_numel), inverse_world_);
+      at::Tensor chunk = rank_major[r].narrow(0, slot.offset, slot.chunk_rows * slot.row_numel);
+      if (flat.defined() && owned > 0) {
+        // × 1/W while copying, as DDP's reducer does: the same rounding as DDP's average.
+        at::Tensor into = chunk.narrow(0, 0, owned * slot.row_numel);
+        at::mul_out(into, flat.narrow(0, first * slot.row_numel, owned * slot.row_numel), inverse_world_);
+        chunk.narrow(0, owned * slot.row_numel, (slot.chunk_rows - owned) * slot.row_numel).zero_();
+      } else {
+        chunk.zero_();
+      }
     }
-    slot.param.mutable_grad() = at::Tensor();  // the full-size gradient is not kept
+    if (grad.defined()) slot.param.mutable_grad() = at::Tensor();  // the full-size gradient is not kept
   }
   if (world_ == 1 || per_rank_ == 0) {
     reduce_output_ = reduce_input_.narrow(0, 0, per_rank_);

@@ -232,7 +232,7 @@ class Accelerator {
   };
 
   void initialize();
-  fsdp::FullyShardOptions fsdp_options() const;
+  fsdp::FullyShardOptions fsdp_options(torch::nn::Module& model) const;
   /// Under FSDP: the parameters gathered whole, then the buffers. Collective.
   static NamedTensors fsdp_state(fsdp::detail::Engine& engine, torch::nn::Module& module);
   /// Copies whole tensors by name into the module (into its shards under FSDP).
@@ -292,7 +292,7 @@ PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
   } else if (strategy_ == Strategy::DataParallel) {
     dp.emplace(module, options_.dp());
   } else if (strategy_ == Strategy::Fsdp) {
-    fully_sharded.emplace(module, pg_, fsdp_options());
+    fully_sharded.emplace(module, pg_, fsdp_options(*module));
   }
   std::optional<typename Impl::Autocast> autocast;
   if (options_.mixed_precision() != Precision::No) {

@@ -24,6 +24,11 @@ struct MemoryBytes {
   int64_t gathered = 0;           // whole parameters of units gathered now
   int64_t gradient_shards = 0;    // the shards' gradients
   int64_t full_gradients = 0;     // whole gradients on the parameters (accumulation under no_sync)
+  /// The most gathered parameters and whole gradients held at once since the last reset_peak():
+  /// what a step adds to the state at rest.
+  int64_t peak_transient = 0;
+  /// The two largest units' parameters, whole: the transient bound with prefetching.
+  int64_t two_largest_units = 0;
 };
 
 /// One sharding unit, as the engine sees it.
@@ -76,6 +81,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   /// torch.nn.utils.clip_grad_norm_ over the shards' gradients of every rank. Collective.
   double clip_grad_norm(double max_norm, double norm_type);
   MemoryBytes memory() const;
+  void reset_peak();
   std::vector<UnitInfo> units() const;
   const std::shared_ptr<comm::ProcessGroup>& process_group() const;
 

@@ -66,7 +66,7 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   /// Collective (with sync_module_states, rank 0's weights first reach every rank).
   FullyShardedDataParallelImpl(ModuleHolder module, std::shared_ptr<comm::ProcessGroup> pg, FullyShardOptions options = {})
       : torch::nn::Module("FullyShardedDataParallel"), module_(register_module("module", module)) {
-    if (options.auto_wrap() && !detail::has_units(*module_)) auto_wrap(*module_, *options.auto_wrap());
+    if (options.auto_wrap()) auto_wrap(*module_, *options.auto_wrap());
     engine_ = detail::Engine::create(*module_, std::move(pg), options);
   }
 

@@ -21,8 +21,9 @@ struct FullyShardOptions {
   /// Start from rank 0's parameters and buffers (a broadcast at wrap time), as DDP does and
   /// FSDP1's sync_module_states=True. Off: every rank must have built the same weights.
   TORCH_ARG(bool, sync_module_states) = true;
-  /// When the model has no tandem::fsdp::Unit yet, make units with this policy first (auto_wrap.h).
-  /// The Accelerator uses AutoWrapPolicy() when none is given.
+  /// Make units with this policy first (auto_wrap.h): the Sequential entries it picks that are
+  /// not units yet. The Accelerator uses AutoWrapPolicy() when none is given and the model has
+  /// no tandem::fsdp::Unit of its own.
   TORCH_ARG(std::optional<AutoWrapPolicy>, auto_wrap) = std::nullopt;
 };
 
