@@ -67,7 +67,8 @@ void Accelerator::initialize() {
   // Before any CUDA work: this rank's GPU becomes the current device (one per rank on a node).
   comm::bind_cuda_device(world_.local_rank);
   choose_strategy();
-  tune_host_allocator();  // Note [Host allocator]: every strategy, a single process included
+  // Note [Host allocator]: every strategy, a single process included; FSDP gives memory back.
+  tune_host_allocator(strategy_ == Strategy::Fsdp ? HostAllocatorPolicy::ReturnLarge : HostAllocatorPolicy::KeepFreed);
   if (!pg_ && (world_.world_size > 1 || strategy_ == Strategy::Ddp || strategy_ == Strategy::Fsdp)) {
     pg_ = comm::ProcessGroup::create(world_, comm::ProcessGroupOptions().timeout(options_.collective_timeout()));
   }

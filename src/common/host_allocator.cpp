@@ -30,18 +30,27 @@ namespace tandem {
 // benchmark's DDP ranks still see a few hundred faults per step there, against thousands. The
 // price is that memory freed after the peak is not returned to the kernel, which is what a
 // caching allocator (PyTorch's CUDA one, jemalloc's) does too; a program that must give memory
-// back sets TANDEM_HOST_ALLOCATOR=system. The setting reports what glibc accepted: under another
+// back sets TANDEM_HOST_ALLOCATOR=system.
+// FSDP is the program that must give memory back: it allocates a unit's gathered parameters and
+// gradients (megabytes each) and frees them a moment later, every step, partly on Gloo's threads.
+// Kept for reuse, or under glibc's moving threshold, those blocks spread over several heaps and
+// the process grew by a quarter of a gigabyte a step on the budget test's model (134 MB of model
+// state per rank: 401 MB of RSS after sharding, 1,264 MB after three steps; keep-freed was no
+// better). With the threshold fixed at 1 MiB (which also stops glibc moving it), every large block
+// is mapped when allocated and unmapped when freed: the same steps stay at 512 MB
+// (return-large). The setting reports what glibc accepted: under another
 // allocator (LD_PRELOAD'ed jemalloc, TSan's) glibc accepts it and nothing changes.
-const HostAllocatorSetting& tune_host_allocator() {
+const HostAllocatorSetting& tune_host_allocator(HostAllocatorPolicy preferred) {
   // Checked outside the once-block: an exception escaping std::call_once can leave it locked with
   // some C++ runtimes (GCC PR 66146), and a bad value must fail every call alike.
   const char* choice = std::getenv("TANDEM_HOST_ALLOCATOR");
-  if (choice && *choice && std::strcmp(choice, "system") != 0 && std::strcmp(choice, "keep-freed") != 0) {
-    throw Error(std::string("TANDEM_HOST_ALLOCATOR must be keep-freed or system (got '") + choice + "')");
+  if (choice && *choice && std::strcmp(choice, "system") != 0 && std::strcmp(choice, "keep-freed") != 0 &&
+      std::strcmp(choice, "return-large") != 0) {
+    throw Error(std::string("TANDEM_HOST_ALLOCATOR must be keep-freed, return-large or system (got '") + choice + "')");
   }
   static HostAllocatorSetting setting;
   static std::once_flag once;
-  std::call_once(once, [choice] {
+  std::call_once(once, [choice, preferred] {
     const char* tunables = std::getenv("GLIBC_TUNABLES");
     if (choice && std::strcmp(choice, "system") == 0) {
       setting.mode = "system";
@@ -53,9 +62,19 @@ const HostAllocatorSetting& tune_host_allocator() {
       setting.detail = "GLIBC_TUNABLES sets glibc.malloc, left as it is";
       return;
     }
+    const bool return_large = choice && *choice ? std::strcmp(choice, "return-large") == 0
+                                                : preferred == HostAllocatorPolicy::ReturnLarge;
 #if defined(__GLIBC__)
     // mallopt returns 0 where it is refused: ASan's allocator, which ignores it.
-    if (mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, -1) == 1) {
+    if (return_large) {
+      if (mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1) {
+        setting.mode = "return-large";  // not `tuned`: that names keeping freed memory
+        setting.detail = "blocks of 1 MiB or more returned to the kernel when freed (mallopt M_MMAP_THRESHOLD=1 MiB)";
+      } else {
+        setting.mode = "unchanged";
+        setting.detail = "the allocator refused mallopt (a sanitizer's?): its defaults";
+      }
+    } else if (mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, -1) == 1) {
       setting.tuned = true;
       setting.mode = "keep-freed";
       setting.detail = "freed memory kept for reuse (mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1)";
@@ -64,6 +83,7 @@ const HostAllocatorSetting& tune_host_allocator() {
       setting.detail = "the allocator refused mallopt (a sanitizer's?): its defaults";
     }
 #else
+    (void)return_large;
     setting.mode = "unchanged";
     setting.detail = "not glibc's malloc: its defaults";
 #endif

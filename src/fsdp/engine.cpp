@@ -42,6 +42,7 @@
 #include "fsdp/unit_shard.h"
 #include "tandem/error.h"
 #include "tandem/fsdp/unit.h"
+#include "tandem/host_allocator.h"
 #include "tandem/zero/clip_grad_norm.h"
 
 namespace tandem::fsdp::detail {
@@ -103,6 +104,7 @@ Engine::~Engine() {
 
 std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<comm::ProcessGroup> pg,
                                        FullyShardOptions options) {
+  tune_host_allocator(HostAllocatorPolicy::ReturnLarge);  // Note [Host allocator]: FSDP gives memory back
   std::shared_ptr<Engine> engine(new Engine());
   State& s = *engine->s_;
   s.pg = std::move(pg);

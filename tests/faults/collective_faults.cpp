@@ -3,6 +3,7 @@
 //   hang-rank-1        rank 1 stops calling collectives after three all-reduces
 //   hang-rank-1-cuda   the same with CUDA tensors, on NCCL (scripts/gpu-check; exit 77 without GPU)
 //   hang-in-ddp        rank 1 stops before its third DDP backward
+//   hang-in-fsdp       rank 1 stops before its third FSDP forward (rank 0 waits in a unit's all-gather)
 //   exit-rank-1        rank 1 returns (its data ran out) while rank 0 trains on
 //   mismatch-shape     TANDEM_DEBUG=DETAIL: the ranks all-reduce tensors of different shapes
 //   mismatch-op        TANDEM_DEBUG=DETAIL: rank 0 all-reduces while rank 1 broadcasts
@@ -19,6 +20,8 @@
 #include "support/distributed_main.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/error.h"
+#include "tandem/fsdp/auto_wrap.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
 
 namespace {
 
@@ -117,6 +120,26 @@ int hang_in_ddp() {
   return 2;
 }
 
+int hang_in_fsdp() {
+  torch::manual_seed(0);
+  auto net = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
+  tandem::fsdp::wrap_entries(*net);
+  tandem::fsdp::FullyShardedDataParallel model(net, tandem::test::shared_pg());
+  torch::optim::SGD sgd(model->shard_parameters(), 0.1);
+  for (int step = 0; step < 5; ++step) {
+    if (step == 2 && pg().rank() == 1) stop_forever();
+    auto x = torch::randn({4, 8});
+    sgd.zero_grad();
+    if (step < 2) {
+      model->forward(x).sum().backward();
+    } else {
+      return must_fail([&] { model->forward(x).sum().backward(); });
+    }
+    sgd.step();
+  }
+  return 2;
+}
+
 int mismatch_shape() {
   warm_up();
   return must_fail([] {
@@ -145,6 +168,7 @@ int main(int argc, char** argv) {
                                               {"hang-rank-1-cuda", hang_rank_1_cuda},
                                               {"exit-rank-1", exit_rank_1},
                                               {"hang-in-ddp", hang_in_ddp},
+                                              {"hang-in-fsdp", hang_in_fsdp},
                                               {"mismatch-shape", mismatch_shape},
                                               {"mismatch-op", mismatch_op}});
 }

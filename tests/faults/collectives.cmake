@@ -13,6 +13,8 @@ add_test(NAME faults.hung_rank.gloo4 COMMAND ${_fault} 4 hang-rank-1 3000
   "failed on rank [023] of 4 at collective #4: .*rank 1 did not arrive")
 add_test(NAME faults.hung_rank.ddp COMMAND ${_fault} 2 hang-in-ddp 3000
   "DDP gradient all_reduce of [0-9]+ Float failed on rank 0 of 2 at collective #[0-9]+: .*rank 1 did not arrive")
+add_test(NAME faults.hung_rank.fsdp COMMAND ${_fault} 2 hang-in-fsdp 3000
+  "fsdp all-gather of unit '0' failed on rank 0 of 2 at collective #[0-9]+: .*rank 1 did not arrive")
 add_test(NAME faults.exited_rank.gloo2 COMMAND ${_fault} 2 exit-rank-1 3000
   "failed on rank 0 of 2 at collective #[0-9]+: .*rank 1 did not arrive")
 add_test(NAME faults.debug.shape_mismatch COMMAND ${_fault} 2 mismatch-shape 3000
@@ -29,7 +31,7 @@ add_test(NAME faults.mismatch.shape_without_debug COMMAND ${CMAKE_CURRENT_SOURCE
   "Is there a distributed collective mismatch" ${TANDEM_CLI_PATH} run --nproc-per-node 2 -- $<TARGET_FILE:collective_faults> --scenario=mismatch-shape)
 set_tests_properties(faults.mismatch.op_without_debug faults.mismatch.shape_without_debug PROPERTIES
   ENVIRONMENT "TANDEM_DEBUG=OFF;TORCH_DISTRIBUTED_DEBUG=OFF;TANDEM_TEST_COLLECTIVE_TIMEOUT_MS=3000")
-set_tests_properties(faults.hung_rank.gloo2 faults.hung_rank.gloo4 faults.hung_rank.ddp faults.exited_rank.gloo2
+set_tests_properties(faults.hung_rank.gloo2 faults.hung_rank.gloo4 faults.hung_rank.ddp faults.hung_rank.fsdp faults.exited_rank.gloo2
   faults.debug.shape_mismatch faults.debug.op_mismatch faults.mismatch.op_without_debug faults.mismatch.shape_without_debug
   PROPERTIES LABELS "faults;multiprocess" TIMEOUT 120)
 # Uneven inputs: rank r has 3 + 2r batches; inside DDP's join() the job completes and every rank
