@@ -536,11 +536,18 @@ class Measurement:
             model = nn.DataParallel(net, device_ids=list(range(a.replicas)))
         elif a.strategy == "fsdp":  # FSDP2 on Tandem's units: Sequential entries, the GPT's embedding and head
             from torch.distributed.fsdp import fully_shard
-            for module in list(net.modules()):
+
+            def auto_wrap(module):  # Tandem's auto_wrap: top down, never inside a unit
                 if isinstance(module, nn.Sequential):
                     for entry in module:
                         if any(True for _ in entry.parameters()):
                             fully_shard(entry)
+                for child in module.children():
+                    if not isinstance(child, FSDPModule):
+                        auto_wrap(child)
+
+            from torch.distributed.fsdp import FSDPModule
+            auto_wrap(net)
             for name in ("tok_emb", "head"):
                 if hasattr(net, name):
                     fully_shard(getattr(net, name))

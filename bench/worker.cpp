@@ -598,8 +598,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     at::set_num_threads(o.threads);
-    // Every strategy in the same allocator state, `single` (no Tandem wrapper) included.
-    const HostAllocatorSetting& allocator = tune_host_allocator();
+    // Every strategy in the same allocator state, `single` (no Tandem wrapper) included; FSDP in the
+    // one it sets itself (Note [Host allocator]).
+    const HostAllocatorSetting& allocator = tune_host_allocator(
+        o.strategy == "fsdp" ? HostAllocatorPolicy::ReturnLarge : HostAllocatorPolicy::KeepFreed);
     if (o.cuda()) comm::bind_cuda_device(world.local_rank);
     auto pg = comm::ProcessGroup::create(world, comm::ProcessGroupOptions().use_nccl(o.cuda()));
 

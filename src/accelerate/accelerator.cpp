@@ -131,6 +131,16 @@ Accelerator::NamedTensors Accelerator::fsdp_state(fsdp::detail::Engine& engine, 
   return state;
 }
 
+Accelerator::NamedTensors Accelerator::fsdp_shapes(const fsdp::detail::Engine& engine, torch::nn::Module& module) {
+  NamedTensors shapes;
+  for (const auto& item : module.named_parameters(true)) {
+    const auto spec = engine.spec_of(item.value());
+    shapes.emplace_back(item.key(), spec ? at::empty(spec->shape, item.value().options().device(at::kMeta)) : item.value());
+  }
+  for (const auto& item : module.named_buffers(true)) shapes.emplace_back(item.key(), item.value());
+  return shapes;
+}
+
 void Accelerator::load_model(fsdp::detail::Engine* engine, torch::nn::Module& module, const NamedTensors& whole) {
   at::NoGradGuard no_grad;
   if (engine) engine->load_parameters(whole);

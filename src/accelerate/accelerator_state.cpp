@@ -150,6 +150,12 @@ std::vector<Accelerator::NamedTensors> Accelerator::model_tensors() const {
   return out;
 }
 
+std::vector<Accelerator::NamedTensors> Accelerator::model_shapes() const {
+  std::vector<NamedTensors> out;
+  for (const auto& m : models_) out.push_back(m.shapes());
+  return out;
+}
+
 std::vector<Accelerator::NamedTensors> Accelerator::model_identities() const {
   std::vector<NamedTensors> out;
   for (const auto& m : models_) out.push_back(m.identities());
@@ -330,7 +336,7 @@ void Accelerator::load_state(const std::string& path) {
     TANDEM_CHECK(state.at("models").get<size_t>() == models_.size() && optimizers.size() == optimizers_.size(),
                  "load_state: ", dir, " holds ", state.at("models").get<size_t>(), " model(s) and ", optimizers.size(),
                  " optimizer(s), this Accelerator prepared ", models_.size(), " and ", optimizers_.size());
-    const auto models = model_tensors();
+    const auto models = model_shapes();  // no collective here: a rank that failed above is not waited for
     const auto identities = model_identities();
     staged.weights.resize(models.size());
     for (size_t m = 0; m < models.size(); ++m) {

@@ -154,13 +154,18 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
     s.identity.push_back(item.value().unsafeGetTensorImpl());
   }
 
-  // Rank 0's weights everywhere (before anything is cut), as DDP starts.
+  // Rank 0's weights everywhere (before anything is cut), as DDP starts: a unit at a time, so the
+  // coalesced copy is one unit's size, not the model's.
   if (options.sync_module_states() && s.pg->size() > 1) {
-    std::vector<at::Tensor> state;
-    for (auto& p : root.parameters()) state.push_back(p.detach());
-    for (auto& b : root.buffers()) state.push_back(b);
     at::NoGradGuard no_grad;
-    s.pg->broadcast_coalesced(state, 0);
+    for (const auto& unit_params : params) {
+      std::vector<at::Tensor> state;
+      for (const auto& item : unit_params) state.push_back(item.second.detach());
+      if (!state.empty()) s.pg->broadcast_coalesced(state, 0);
+    }
+    std::vector<at::Tensor> buffers;
+    for (auto& b : root.buffers()) buffers.push_back(b);
+    if (!buffers.empty()) s.pg->broadcast_coalesced(buffers, 0);
   }
 
   // The root unit's parameters are stored as one unit per child of the root (its own tensors in
@@ -225,8 +230,8 @@ void Engine::root_pre_forward() {
     TANDEM_CHECK(replaced.empty(), "fsdp: parameter '", replaced,
                  "' was replaced after sharding (its data changed): change parameters before wrapping the model");
   }
-  // A forward whose backward never ran (evaluation with grad mode on, a failed step): start clean.
-  if (s.backward_pending || s.backward_started) end_of_backward();
+  // A forward whose backward never ran (evaluation with grad mode on) or never ended (it threw).
+  if (s.backward_pending || s.backward_started) abandon_backward();
   if (!s.order.empty()) s.last_order = s.order;
   s.order.clear();
   s.synced_forward = s.sync;
@@ -234,6 +239,27 @@ void Engine::root_pre_forward() {
   for (size_t u : s.root_units) s.units[u]->finish_gather();
   s.note_peak();
   if (s.options.prefetch() && !s.last_order.empty()) s.units[s.last_order.front()]->start_gather();
+}
+
+void Engine::abandon_backward() {
+  State& s = *s_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const bool started = s.backward_started;
+  s.backward_started = s.backward_pending = false;
+  std::fill(s.keep.begin(), s.keep.end(), false);
+  std::exception_ptr failure;
+  for (auto& unit : s.units) {
+    try {
+      unit->discard_reduce();  // a half-finished step's gradients reach no shard
+      if (started) {
+        for (auto& slot : unit->slots()) slot.param.mutable_grad() = at::Tensor();
+      }
+      unit->reshard();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 void Engine::root_post_forward(const std::vector<at::Tensor>& outputs, bool complete) {
@@ -248,8 +274,9 @@ void Engine::root_post_forward(const std::vector<at::Tensor>& outputs, bool comp
       hooked = true;
     }
   }
-  (void)complete;  // the root stays gathered until backward ends whatever its output
-  if (hooked) {
+  // An output it could not look into may be backwarded: everything stays as it is until then (or
+  // until the next forward).
+  if (hooked || (!complete && at::GradMode::is_enabled())) {
     s.backward_pending = true;
   } else {
     for (auto& unit : s.units) unit->reshard();  // no backward follows this forward
@@ -311,9 +338,9 @@ void Engine::forward_failed(std::exception_ptr error) {
     throw;
   } catch (const std::exception& e) {
     if (at_rest.empty()) throw;
-    throw tandem::Error("fsdp: the forward failed while units " + at_rest +
-                        " held no parameters (a module inside a unit must be called through its tandem::fsdp::Unit): " +
-                        first_line(e.what()));
+    throw tandem::Error("fsdp: the forward failed: " + first_line(e.what()) + " (units " + at_rest +
+                        " held no parameters then; a module inside a unit called directly, not through its "
+                        "tandem::fsdp::Unit, fails like this)");
   }
 }
 
@@ -411,10 +438,11 @@ std::optional<ShardSpec> Engine::spec_of(const at::Tensor& parameter) const {
 void Engine::load_parameters(const std::vector<std::pair<std::string, at::Tensor>>& whole) {
   std::unordered_map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, t] : whole) by_name[name] = &t;
+  TANDEM_CHECK(!s_->backward_started, "fsdp: load parameters between steps, not during a backward");
+  if (s_->backward_pending) abandon_backward();  // a forward nobody backwarded: its units are freed
   at::NoGradGuard no_grad;
   for (auto& unit : s_->units) {
-    TANDEM_CHECK(!unit->gathered() && !unit->gathering(), "fsdp: load parameters between steps (unit '", unit->name(),
-                 "' is gathered)");
+    unit->reshard();  // the next forward gathers what is loaded
     for (auto& slot : unit->slots()) {
       auto it = by_name.find(slot.name);
       if (it == by_name.end() || slot.owned_rows == 0) continue;
@@ -434,10 +462,11 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gather_parameters() {
     for (const auto& slot : unit->slots()) whole[slot.param.unsafeGetTensorImpl()] = slot.param.detach().clone();
     if (!was) unit->reshard();
   }
+  // Every name, a tied weight's second one too, as the module's named_parameters lists them (DDP's
+  // checkpoints hold both).
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto* impl : s.identity) {
-    const auto [u, i] = s.where.at(impl);
-    out.emplace_back(s.units[u]->slots()[i].name, whole.at(impl));
+  for (const auto& item : s.root->named_parameters(/*recurse=*/true)) {
+    out.emplace_back(item.key(), whole.at(item.value().unsafeGetTensorImpl()));
   }
   return out;
 }

@@ -80,8 +80,16 @@ void UnitShard::finish_gather() {
     rank_major = std::exchange(gather_output_, at::Tensor()).view({world_, per_rank_});
   }
   gather_pending_ = false;
-  // Each parameter's rows contiguous: its W chunks one after the other, then the padding.
-  gathered_buffer_ = at::empty({world_ * per_rank_}, local_.options());
+  // Each parameter's rows contiguous: its W chunks one after the other, then the padding. Into the
+  // unit's one storage, allocated again if reshard() released it (Note [Unit layout]).
+  const size_t nbytes = static_cast<size_t>(world_ * per_rank_) * local_.element_size();
+  if (!gathered_buffer_.defined()) {
+    gathered_buffer_ = at::empty({world_ * per_rank_}, local_.options());
+  } else if (gathered_buffer_.storage().nbytes() != nbytes) {
+    c10::StorageImpl* storage = gathered_buffer_.storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+    storage->set_nbytes(nbytes);
+  }
   for (auto& slot : slots_) {
     const int64_t chunk = slot.chunk_rows * slot.row_numel;
     at::Tensor rows = gathered_buffer_.narrow(0, world_ * slot.offset, world_ * chunk);
@@ -93,11 +101,24 @@ void UnitShard::finish_gather() {
 }
 
 void UnitShard::reshard() {
+  if (gather_work_) {  // a prefetch nobody waited for: its buffers must outlive it
+    auto work = std::exchange(gather_work_, nullptr);
+    pg_.wait(work, "fsdp all-gather of unit '" + name_ + "'");
+    gather_output_ = at::Tensor();
+  }
+  gather_pending_ = false;
   for (auto& slot : slots_) {
     at::NoGradGuard no_grad;
     slot.param.set_data(at::empty({0}, local_.options()));
   }
-  gathered_buffer_ = at::Tensor();
+  // Release the storage itself, not only the parameters' handles on it: autograd's saved views of
+  // the parameters (a Linear saves W.t()) share it, and would keep it alive until backward. Their
+  // data is gathered into this same storage again before the unit's backward reads it.
+  if (gathered_buffer_.defined() && gathered_buffer_.storage().nbytes() > 0) {
+    c10::StorageImpl* storage = gathered_buffer_.storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
+    storage->set_nbytes(0);
+  }
   gathered_ = false;
 }
 
@@ -165,7 +186,19 @@ void UnitShard::finish_reduce() {
   }
 }
 
-int64_t UnitShard::gathered_numel() const { return gathered_ ? world_ * per_rank_ : 0; }
+void UnitShard::discard_reduce() {
+  if (reduce_work_) {
+    auto work = std::exchange(reduce_work_, nullptr);
+    pg_.wait(work, "fsdp reduce-scatter of unit '" + name_ + "'");
+  }
+  reduce_pending_ = false;
+  reduce_input_ = at::Tensor();
+  reduce_output_ = at::Tensor();
+}
+
+int64_t UnitShard::gathered_numel() const {  // the storage's real size: what saved views may hold too
+  return gathered_buffer_.defined() ? static_cast<int64_t>(gathered_buffer_.storage().nbytes()) / local_.element_size() : 0;
+}
 
 int64_t UnitShard::full_grad_numel() const {
   int64_t n = 0;

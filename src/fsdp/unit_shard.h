@@ -13,9 +13,12 @@
 //   in place, and the next all-gather sends what it wrote. Its gradient is a view into the
 //   reduce-scatter's output.
 // - The module's own parameter tensors keep their identity (autograd's leaves, what the modules'
-//   forwards read); only their data changes (set_data): empty at rest, the gathered rows while the
-//   unit is gathered. Autograd's saved references to a parameter are that same tensor, so a unit
-//   gathered again before its backward runs is what backward reads.
+//   forwards read); only their data changes (set_data): empty at rest, views of the unit's gathered
+//   storage while the unit is gathered. That storage is one object for the unit's lifetime: freeing
+//   releases its memory (its size becomes 0), gathering allocates and fills it again. Autograd saves
+//   a parameter, or a view of it (a Linear saves W.t()), by reference to that storage, so what it
+//   saved in forward is freed with the unit and valid again once the unit is gathered before its
+//   backward, as FSDP2 does with its unsharded parameters' storage.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -67,6 +70,8 @@ class UnitShard {
   bool reducing() const { return reduce_work_ != nullptr || reduce_pending_; }
   /// Waits for it and adds the averaged rows to the shards' gradients (sets them when undefined).
   void finish_reduce();
+  /// Waits for it and drops its result (a backward that failed half-way).
+  void discard_reduce();
 
   /// Elements held now, by kind (memory accounting): gathered parameters, shards, full-size
   /// gradients on the parameters.
@@ -79,7 +84,8 @@ class UnitShard {
   int64_t world_ = 1, rank_ = 0, per_rank_ = 0;
   std::vector<Slot> slots_;
   at::Tensor local_;                    // this rank's S elements: the shards and their padding
-  at::Tensor gathered_buffer_;          // W·S elements, each parameter's rows contiguous
+  at::Tensor gathered_buffer_;          // W·S elements, each parameter's rows contiguous; its storage
+                                        // lives as long as this object, its memory only while gathered
   at::Tensor gather_output_;            // the all-gather's output (rank-major) until copied
   c10::intrusive_ptr<c10d::Work> gather_work_;
   bool gather_pending_ = false;         // started without a collective (world 1)

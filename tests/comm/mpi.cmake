@@ -60,10 +60,11 @@ add_test(NAME zero.sharded_optimizer.mpi3 COMMAND ${_mpi_run} --nproc-per-node 3
 # FSDP (tests/fsdp/fsdp_test.cpp) on MPI's own collectives.
 add_test(NAME fsdp.mpi2 COMMAND ${_mpi_run} --nproc-per-node 2 -- $<TARGET_FILE:fsdp_test>)
 add_test(NAME fsdp.mpi3 COMMAND ${_mpi_run} --nproc-per-node 3 -- $<TARGET_FILE:fsdp_test>)
+add_test(NAME fsdp.mpi4 COMMAND ${_mpi_run} --nproc-per-node 4 -- $<TARGET_FILE:fsdp_test>)
 add_test(NAME accelerate.zero.mpi2 COMMAND ${_mpi_run} --nproc-per-node 2 -- $<TARGET_FILE:accelerator_test>
   --gtest_filter=AcceleratorZero.*:AcceleratorFsdp.*)
 set(_mpi_tests comm.mpi.fail.backend_differs comm.collectives.gloo2.inside_an_mpi_job comm.collectives.mpi2 comm.collectives.mpi3 comm.collectives.mpi4 comm.collectives.mpi.auto_under_mpirun ddp.mpi2 ddp.mpi4
-  zero.sharded_optimizer.mpi2 zero.sharded_optimizer.mpi3 accelerate.zero.mpi2 fsdp.mpi2 fsdp.mpi3
+  zero.sharded_optimizer.mpi2 zero.sharded_optimizer.mpi3 accelerate.zero.mpi2 fsdp.mpi2 fsdp.mpi3 fsdp.mpi4
   faults.hung_rank.mpi2 faults.exited_rank.mpi2 faults.hung_rank.ddp.mpi2 faults.killed_rank.mpi2
   comm.mpi.fail.no_launcher comm.mpi.fail.bad_variable)
 if(TARGET train_ddp)

@@ -1,7 +1,7 @@
 // budget_trainer --strategy ddp|fsdp: a model that does not fit a per-process memory budget under
 // DDP and trains under FSDP (tests/fsdp/memory_budget_test.sh puts each rank in a memory cgroup).
-// Eight Linear(2048, 2048) layers (33.6 M parameters, 134 MB in fp32) with Adam: DDP keeps
-// weights, gradients (and its buckets) and Adam's two moments whole on every rank, about 670 MB;
+// Twelve Linear(2048, 2048) layers (50.4 M parameters, 201 MB in fp32) with Adam: DDP keeps
+// weights, gradients (and its buckets) and Adam's two moments whole on every rank, about 1 GB;
 // FSDP at 4 ranks keeps a quarter of each, plus a unit or two gathered at a time. Three steps;
 // each rank prints its accounted model state and its peak RSS.
 #include <sys/resource.h>
@@ -25,7 +25,7 @@
 
 namespace {
 
-constexpr int64_t kWidth = 2048, kLayers = 8;
+constexpr int64_t kWidth = 2048, kLayers = 12;
 
 torch::nn::Sequential make_model() {
   torch::nn::Sequential net;

@@ -3,11 +3,18 @@
 # budget under DDP and trains under FSDP, 4 ranks (docs/guide-fsdp.md, "A model larger than a
 # budget"). The budget is enforced by the kernel: each rank runs in a memory cgroup of its own
 # (cgroup v1 memory.limit_in_bytes, or v2 memory.max), so a rank that needs more is killed.
-# First both jobs run without a budget and report their peak RSS; the budget is set halfway
-# between the two; then DDP under it must be killed and FSDP must train. Exit 77 (skipped) where
+# First both jobs run without a budget and report their peak RSS; the budget is FSDP's peak plus
+# 10 % (RSS counts shared-library pages the cgroup may not be charged for, so FSDP's own peak is a
+# safe budget for it, and DDP's peak must exceed it by more than those pages: 300 MB); then DDP
+# under it must be killed and FSDP must train. Exit 77 (skipped) where
 # this machine gives no writable memory cgroup.
 set -u
 tandem="$1"; trainer="$2"
+# The budget is about the real allocator's memory: a sanitizer's allocator (scripts/sanitize) keeps
+# freed blocks in quarantine and refuses the host allocator setting FSDP makes.
+if [[ -n ${ASAN_OPTIONS:-} || -n ${TSAN_OPTIONS:-} ]]; then
+  echo "SKIP: under a sanitizer's allocator the process's memory is not what this test budgets"; exit 77
+fi
 cg_root=""
 if [[ -w /sys/fs/cgroup/memory ]] && mkdir "/sys/fs/cgroup/memory/tandem-budget-$$" 2>/dev/null; then
   cg_root="/sys/fs/cgroup/memory/tandem-budget-$$"; limit_file=memory.limit_in_bytes
@@ -34,9 +41,9 @@ for s in ddp fsdp; do
   job "$s" 0 || { echo "FAIL: $s without a budget exited $?"; cat "$work/$s-0.log"; exit 1; }
 done
 ddp=$(peak ddp); fsdp=$(peak fsdp)
-budget=$(( (ddp + fsdp) / 2 ))
+budget=$(( fsdp + fsdp / 10 ))
 printf '%-6s %-22s %s\n' strategy "peak RSS, no budget" "under a budget of $budget MB per process"
-(( fsdp + 100 < ddp )) || { echo "FAIL: FSDP's peak ($fsdp MB) is not well below DDP's ($ddp MB)"; exit 1; }
+(( budget + 300 < ddp )) || { echo "FAIL: FSDP's peak ($fsdp MB) is not well below DDP's ($ddp MB)"; exit 1; }
 job ddp $(( budget * 1024 * 1024 )); ddp_status=$?
 job fsdp $(( budget * 1024 * 1024 )); fsdp_status=$?
 ddp_result="killed (exit $ddp_status)"; (( ddp_status == 0 )) && ddp_result="trained"

@@ -220,6 +220,7 @@ class Accelerator {
   struct ModelEntry {
     std::function<NamedTensors()> state;        // what a checkpoint writes: whole tensors by name (collective under FSDP)
     std::function<NamedTensors()> identities;   // the module's own tensors by name (names the optimizer's)
+    std::function<NamedTensors()> shapes;       // whole shapes and dtypes by name, no collective (checks a load)
     std::function<void(const NamedTensors&)> load;  // sets the model from whole tensors by name
     ddp::Reducer* reducer = nullptr;  // its DDP's, under Strategy::Ddp
     std::shared_ptr<fsdp::detail::Engine> fsdp;  // its FSDP's, under Strategy::Fsdp
@@ -235,6 +236,8 @@ class Accelerator {
   fsdp::FullyShardOptions fsdp_options(torch::nn::Module& model) const;
   /// Under FSDP: the parameters gathered whole, then the buffers. Collective.
   static NamedTensors fsdp_state(fsdp::detail::Engine& engine, torch::nn::Module& module);
+  /// Under FSDP: each parameter's whole shape and dtype (meta tensors), then the buffers.
+  static NamedTensors fsdp_shapes(const fsdp::detail::Engine& engine, torch::nn::Module& module);
   /// Copies whole tensors by name into the module (into its shards under FSDP).
   static void load_model(fsdp::detail::Engine* engine, torch::nn::Module& module, const NamedTensors& whole);
   void choose_strategy();
@@ -249,6 +252,7 @@ class Accelerator {
   // groups (every parameter, also those other ranks own) and the parameters whose state it holds.
   std::vector<NamedTensors> model_tensors() const;
   std::vector<NamedTensors> model_identities() const;
+  std::vector<NamedTensors> model_shapes() const;
   std::vector<std::vector<at::Tensor>> optimizer_groups(size_t o) const;
   std::vector<at::Tensor> held_parameters(size_t o) const;
   template <typename Dataset>
@@ -310,8 +314,11 @@ PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
     for (const auto& item : module->named_buffers(true)) state.emplace_back(item.key(), item.value());
     return state;
   };
-  ModelEntry entry{own, own, nullptr, reducer, engine, prepared.ptr()};
-  if (engine) entry.state = [engine, module]() { return fsdp_state(*engine, *module.ptr()); };
+  ModelEntry entry{own, own, own, nullptr, reducer, engine, prepared.ptr()};
+  if (engine) {
+    entry.state = [engine, module]() { return fsdp_state(*engine, *module.ptr()); };
+    entry.shapes = [engine, module]() { return fsdp_shapes(*engine, *module.ptr()); };
+  }
   entry.load = [engine, module](const NamedTensors& whole) { load_model(engine.get(), *module.ptr(), whole); };
   models_.push_back(std::move(entry));
   return prepared;

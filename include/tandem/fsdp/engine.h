@@ -73,7 +73,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   at::Tensor shard_of(const at::Tensor& parameter) const;
   /// How a parameter of the root is cut (nullopt when it is not one).
   std::optional<ShardSpec> spec_of(const at::Tensor& parameter) const;
-  /// Every parameter whole (copies), by name. Collective.
+  /// Every parameter whole (copies), under every name the root gives it. Collective.
   std::vector<std::pair<std::string, at::Tensor>> gather_parameters();
   /// Sets every parameter named in `whole` (global shapes, checked by the caller) by cutting this
   /// rank's rows into its shard. Names it does not know are ignored.
@@ -89,6 +89,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void pre_backward(size_t unit);
   void on_gradient(size_t unit);
   void end_of_backward();
+  /// A forward whose backward never ran or never ended: in-flight reduce-scatters are waited for
+  /// and dropped, as are the parameters' whole gradients of a started backward; every unit freed.
+  void abandon_backward();
 
  private:
   Engine();
