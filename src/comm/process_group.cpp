@@ -509,9 +509,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::all_gather_into_async(at::Tensor& o
   const auto& backend = backend_for(input.device());
   std::lock_guard<std::mutex> issuing(issue_mutex_);
   const CollectiveCall call = begin(CollectiveKind::AllGatherInto, &input, 0);
-  c10d::AllgatherOptions opts;
-  opts.timeout = options_.timeout();
-  auto work = backend->_allgather_base(output, input, opts);
+  c10::intrusive_ptr<c10d::Work> work;
+  if (!input.is_cuda() && cpu_kind_ == CpuBackend::Gloo && size() > 1) {
+    // Note [Gloo all-gather]: c10d's `_allgather_base` on Gloo gathers into a flat buffer it
+    // allocates on Gloo's thread, then copies it into the output. FSDP gathers megabytes per unit
+    // twice a step, and those blocks, allocated on one thread and freed on another, spread the
+    // process over several heaps (it grew by hundreds of MB a step). An all-to-all whose input is
+    // this rank's shard once per rank delivers every rank's shard into the output in rank order,
+    // with the same bytes on the wire and no buffer of Gloo's own.
+    at::Tensor sent = input.reshape({1, -1}).expand({size(), input.numel()}).contiguous().view({-1});
+    at::Tensor received = output.view({-1});
+    std::vector<int64_t> equal_splits;
+    c10d::AllToAllOptions opts;
+    opts.timeout = options_.timeout();
+    work = backend->alltoall_base(received, sent, equal_splits, equal_splits, opts);
+  } else {
+    c10d::AllgatherOptions opts;
+    opts.timeout = options_.timeout();
+    work = backend->_allgather_base(output, input, opts);
+  }
   remember(work, call);
   return work;
 }

@@ -100,44 +100,41 @@ int exit_rank_1() {
   });
 }
 
-int hang_in_ddp() {
-  torch::manual_seed(0);
-  auto model = tandem::ddp::DistributedDataParallel(
-      torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1)), tandem::test::shared_pg(),
-      tandem::ddp::DistributedDataParallelOptions().bucket_cap_mb(0.0005));
-  torch::optim::SGD sgd(model->parameters(), 0.1);
+// Two synced steps, then rank 1 stops; the others' third step must fail naming it.
+template <typename Model>
+int train_until_rank_1_stops(Model& model, torch::optim::Optimizer& opt) {
   for (int step = 0; step < 5; ++step) {
     if (step == 2 && pg().rank() == 1) stop_forever();
     auto x = torch::randn({4, 8});
-    sgd.zero_grad();
+    opt.zero_grad();
     if (step < 2) {
       model->forward(x).sum().backward();
     } else {
       return must_fail([&] { model->forward(x).sum().backward(); });
     }
-    sgd.step();
+    opt.step();
   }
   return 2;
 }
 
-int hang_in_fsdp() {
+torch::nn::Sequential small_net() {
   torch::manual_seed(0);
-  auto net = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
+}
+
+int hang_in_ddp() {
+  auto model = tandem::ddp::DistributedDataParallel(small_net(), tandem::test::shared_pg(),
+                                                    tandem::ddp::DistributedDataParallelOptions().bucket_cap_mb(0.0005));
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  return train_until_rank_1_stops(model, sgd);
+}
+
+int hang_in_fsdp() {
+  auto net = small_net();
   tandem::fsdp::wrap_entries(*net);
   tandem::fsdp::FullyShardedDataParallel model(net, tandem::test::shared_pg());
   torch::optim::SGD sgd(model->shard_parameters(), 0.1);
-  for (int step = 0; step < 5; ++step) {
-    if (step == 2 && pg().rank() == 1) stop_forever();
-    auto x = torch::randn({4, 8});
-    sgd.zero_grad();
-    if (step < 2) {
-      model->forward(x).sum().backward();
-    } else {
-      return must_fail([&] { model->forward(x).sum().backward(); });
-    }
-    sgd.step();
-  }
-  return 2;
+  return train_until_rank_1_stops(model, sgd);
 }
 
 int mismatch_shape() {

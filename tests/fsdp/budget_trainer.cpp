@@ -51,26 +51,25 @@ int run(int argc, char** argv) {
   torch::manual_seed(0);
   auto net = make_model();
   at::Tensor x = torch::randn({4, kWidth}), y = torch::randn({4, kWidth});
-  double state_mb = 0;
-  if (strategy == "ddp") {
-    tandem::ddp::DistributedDataParallel model(net, pg);
-    torch::optim::Adam adam(model->parameters(), 1e-4);
+  auto train = [&](auto& model, torch::optim::Optimizer& adam) {
     for (int step = 0; step < 3; ++step) {
       adam.zero_grad();
       (model->forward(x) - y).pow(2).mean().backward();
       adam.step();
     }
+  };
+  double state_mb = 0;
+  if (strategy == "ddp") {
+    tandem::ddp::DistributedDataParallel model(net, pg);
+    torch::optim::Adam adam(model->parameters(), 1e-4);
+    train(model, adam);
     for (const auto& p : net->parameters()) state_mb += 2.0 * p.nbytes() / 1e6;  // weights and gradients
     state_mb += tandem::zero::optimizer_state_bytes(adam) / 1e6;
   } else {
     tandem::fsdp::wrap_entries(*net);
     tandem::fsdp::FullyShardedDataParallel model(net, pg);
     torch::optim::Adam adam(model->shard_parameters(), 1e-4);
-    for (int step = 0; step < 3; ++step) {
-      adam.zero_grad();
-      (model->forward(x) - y).pow(2).mean().backward();
-      adam.step();
-    }
+    train(model, adam);
     const auto m = model->memory();
     state_mb = (m.parameter_shards + m.gradient_shards + tandem::zero::optimizer_state_bytes(adam)) / 1e6;
   }
