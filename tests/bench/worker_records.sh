@@ -112,6 +112,34 @@ errors, counts = [], {}
 table = {e["name"]: e for e in map(json.loads, open(os.path.join(d, "strategies.jsonl")))}
 
 
+def model_state_ok(r, strategy, precision, ranks):
+    """Accounted model state, one entry per rank. DDP and ZeRO-1: the whole parameters and gradients
+    on each, optimizer state (SGD momentum) of every parameter, or under ZeRO-1 of the rank's share:
+    the shares add up to the whole (fp16 may skip every step of so short a run while the scale finds
+    its level: no momentum yet). ZeRO-2 keeps gradient and state slices of its buckets padded to the
+    world size: they add up to the whole plus less than one element per rank per bucket. FSDP: each
+    rank its rows; gradients and optimizer state add up to the whole, the parameters too (Tandem
+    counts its padding, under one row per parameter and rank)."""
+    states = r["model_state_bytes"]
+    if len(states) != ranks:
+        return False
+    grads = sum(m["grads"] for m in states)
+    optimizer = sum(m["optimizer"] for m in states)
+    if strategy == "fsdp":
+        return (grads == r["grad_bytes"] and r["grad_bytes"] <= sum(m["params"] for m in states) < 2 * r["grad_bytes"]
+                and (precision == "fp16" or optimizer == r["grad_bytes"]))
+    if not all(m["params"] == r["grad_bytes"] for m in states):
+        return False
+    if strategy == "zero2":
+        if not (r["grad_bytes"] <= grads < r["grad_bytes"] + 4 * ranks * r["buckets"] and len({m["grads"] for m in states}) == 1):
+            return False
+    elif not all(m["grads"] == r["grad_bytes"] for m in states):
+        return False
+    expected = grads if strategy == "zero2" else r["grad_bytes"] if strategy == "zero1" else ranks * r["grad_bytes"]
+    return precision == "fp16" or optimizer == expected
+
+
+
 def expect_unsupported(impl, nproc, strategy, flags):
     entry = table[strategy]
     if entry["launch"] != "ranks" and nproc > 1:
@@ -185,23 +213,9 @@ for line in open(os.path.join(d, "plan.tsv")):
         "peak_mem_bytes: one positive int per device": len(r["peak_mem_bytes"]) == world and
             all(isinstance(b, int) and b > 0 for b in r["peak_mem_bytes"]),
         "mem_kind (the table's memory)": r["mem_kind"] == entry["memory"],
-        # Accounted model state where the table says: one per rank, the whole parameters and
-        # gradients on each, optimizer state (SGD momentum) of every parameter, or under ZeRO-1 of
-        # the rank's share: the shares add up to the whole (fp16 may skip every step of so short a
-        # run while the scale finds its level: no momentum yet). ZeRO-2 keeps gradient and state
-        # slices of its buckets padded to the world size: they add up to the whole plus less than
-        # one element per rank per bucket.
+        # Accounted model state where the table says (model_state_ok).
         "model_state_bytes exactly where the table's model_state": ("model_state_bytes" in r) == entry["model_state"]
-            and (not entry["model_state"] or (
-                len(r["model_state_bytes"]) == ranks
-                and all(m["params"] == r["grad_bytes"] for m in r["model_state_bytes"])
-                and (strategy == "zero2" or all(m["grads"] == r["grad_bytes"] for m in r["model_state_bytes"]))
-                and (strategy != "zero2" or (
-                    r["grad_bytes"] <= sum(m["grads"] for m in r["model_state_bytes"]) < r["grad_bytes"] + 4 * ranks * r["buckets"]
-                    and len({m["grads"] for m in r["model_state_bytes"]}) == 1))
-                and (precision == "fp16" or sum(m["optimizer"] for m in r["model_state_bytes"]) ==
-                     (sum(m["grads"] for m in r["model_state_bytes"]) if strategy == "zero2"
-                      else r["grad_bytes"] if strategy == "zero1" else ranks * r["grad_bytes"])))),
+            and (not entry["model_state"] or model_state_ok(r, strategy, precision, ranks)),
         "versions.torch": isinstance(r["versions"], dict) and r["versions"].get("torch"),
         "versions.accelerate on the peer's accelerate": (impl != "pytorch" or strategy != "accelerate") or
             bool(r["versions"].get("accelerate")),
