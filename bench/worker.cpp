@@ -198,6 +198,7 @@ struct Loop {
 
 struct Result {
   std::vector<double> times, forward, backward, optimizer;
+  std::vector<double> exposed_gather, exposed_reduce_scatter;  // fsdp: host time blocked per timed step
   double faults_per_step = 0;
   int steps = 0;
   int64_t params = 0, grad_bytes = 0, buckets = 0;
@@ -354,7 +355,14 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     net->to(device);
     fsdp::FullyShardedDataParallel model(net, pg, fsdp::FullyShardOptions().auto_wrap(fsdp::AutoWrapPolicy()));
     auto opt = make_sgd(model->shard_parameters());
-    loop.run([&] { plain_step(o, loop, Stepper(opt, nullptr, nullptr), scaler_ptr, y, [&] { return model->forward(x); }); });
+    loop.run([&] {
+      const fsdp::CommWaits before = model->comm_waits();
+      plain_step(o, loop, Stepper(opt, nullptr, nullptr), scaler_ptr, y, [&] { return model->forward(x); });
+      const fsdp::CommWaits after = model->comm_waits();
+      if (!loop.timed) return;
+      r.exposed_gather.push_back(after.all_gather_s - before.all_gather_s);
+      r.exposed_reduce_scatter.push_back(after.reduce_scatter_s - before.reduce_scatter_s);
+    });
     // Between steps: the shards, their gradients, the optimizer's state of the shards.
     model->engine().reset_peak();
     Loop untimed(o);
@@ -666,6 +674,10 @@ int main(int argc, char** argv) {
       record["forward_p50_s"] = percentile(r.forward, 0.5);
       record["backward_p50_s"] = percentile(r.backward, 0.5);
       record["optimizer_p50_s"] = percentile(r.optimizer, 0.5);
+      if (!r.exposed_gather.empty()) {  // rank 0's, as the phases
+        record["exposed_gather_p50_s"] = percentile(r.exposed_gather, 0.5);
+        record["exposed_reduce_scatter_p50_s"] = percentile(r.exposed_reduce_scatter, 0.5);
+      }
       record["peak_mem_bytes"] = peak;
       record["mem_kind"] = mem_kind;
       record["rank_faults_per_step"] = faults;

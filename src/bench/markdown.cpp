@@ -163,6 +163,33 @@ void render_model_state(const Analysis& analysis, bool backends, std::ostringstr
         "units' whole parameters.\n";
 }
 
+// FSDP's step by phase, with the communication its schedule did not hide, beside the same
+// model's DDP row at the same world size.
+void render_fsdp_step(const Analysis& analysis, bool backends, std::ostringstream& md) {
+  if (std::none_of(analysis.rows.begin(), analysis.rows.end(), [](const Row& r) { return !r.exposed_gather_ms.empty(); })) {
+    return;
+  }
+  md << "\n### FSDP's step by phase (ms, rank 0, medians)\n\n"
+        "| model | strategy | devices | step | forward | backward | optimizer | exposed all-gather | exposed reduce |\n"
+        "|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : analysis.rows) {
+    if (r.exposed_gather_ms.empty()) continue;
+    auto line = [&](const Row& x, const std::string& gather, const std::string& reduce) {
+      md << "| " << x.model << " | " << label(x, backends) << " | " << devices(x) << " | " << median(x.p50_ms, 1) << " | "
+         << median(x.forward_ms, 1) << " | " << median(x.backward_ms, 1) << " | " << median(x.optimizer_ms, 1) << " | "
+         << gather << " | " << reduce << " |\n";
+    };
+    if (const Row* ddp = find_row(analysis.rows, r.model, r.impl, "ddp", r.world, r.nodes, r.backend)) {
+      line(*ddp, "–", median(ddp->exposed_comm_ms, 1));
+    }
+    line(r, median(r.exposed_gather_ms, 1), median(r.exposed_reduce_scatter_ms, 1));
+  }
+  md << "\nFSDP's exposed times are the host time its step spent blocked waiting for a unit's all-gather (a "
+        "prefetch that had not arrived) or for the reduce-scatters still running when backward ended: the "
+        "communication its schedule did not hide. They do not count compute slowed by collectives sharing its "
+        "cores. DDP's exposed reduce is its synced step minus its no_sync step (the all-reduce not hidden).\n";
+}
+
 std::string describe_machine(const Results& results) {
   const auto& m = results.machine;
   std::string text = m.value("cpu", std::string("unknown CPU"));
@@ -238,6 +265,7 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
 
   render_backends(analysis, md);
   render_model_state(analysis, backends, md);
+  render_fsdp_step(analysis, backends, md);
 
   md << "\n## Recommendation\n\n";
   if (analysis.recommendations.empty()) md << "Nothing to recommend: no model has a one-device baseline.\n";

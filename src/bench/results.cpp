@@ -114,6 +114,8 @@ Run run_from_record(const json& record) {
       r.step_transient.push_back({field<int64_t>(rank, "peak", in), field<int64_t>(rank, "two_largest_units", in)});
     }
   }
+  r.exposed_gather_s = field_or<double>(record, "exposed_gather_p50_s", -1, where);
+  r.exposed_reduce_scatter_s = field_or<double>(record, "exposed_reduce_scatter_p50_s", -1, where);
   r.allreduce_p50_s = field_or<double>(record, "allreduce_p50_s", 0, where);
   r.flat_allreduce_p50_s = field_or<double>(record, "flat_allreduce_p50_s", 0, where);
   if (record.contains("sweep")) {
@@ -151,6 +153,10 @@ json to_json(const Run& r) {
     for (const auto& [peak, units] : r.step_transient) {
       j["step_transient_bytes"].push_back({{"peak", peak}, {"two_largest_units", units}});
     }
+  }
+  if (r.exposed_gather_s >= 0) {
+    j["exposed_gather_p50_s"] = r.exposed_gather_s;
+    j["exposed_reduce_scatter_p50_s"] = r.exposed_reduce_scatter_s;
   }
   if (const Strategy* s = find_strategy(r.strategy); s && s->timing == Timing::GradientAllReduce) {
     j["allreduce_p50_s"] = r.allreduce_p50_s;

@@ -42,6 +42,9 @@ struct Run {
   /// Per rank, under fsdp: the most a step held at once beyond that state (gathered parameters,
   /// whole gradients), and its two largest units' bytes (absent otherwise).
   std::vector<std::array<int64_t, 2>> step_transient;
+  /// Under fsdp, rank 0: host time blocked per step on all-gathers and on reduce-scatters, p50
+  /// (Note [Exposed communication] in src/fsdp/engine.cpp); < 0: not recorded.
+  double exposed_gather_s = -1, exposed_reduce_scatter_s = -1;
   double allreduce_p50_s = 0, flat_allreduce_p50_s = 0;
   std::vector<SweepPoint> sweep;
   std::string unsupported;        // set: this combination does not exist; no timings

@@ -124,14 +124,30 @@ std::vector<Row> summarize(const RunIndex& index) {
           const ByRepeat* no_sync_runs = &index.repeats(model, impl, comm.no_sync, world, nodes, backend);
           if (no_sync_runs->empty()) no_sync_runs = &index.repeats(model, impl, comm.no_sync, world, 1, backend);
           const ByRepeat& no_sync = *no_sync_runs;
+          // FSDP measures its own: the host time blocked on its collectives (rank 0's).
+          const bool measured = first.exposed_gather_s >= 0;
           auto exposed_s = [&](int k) -> std::optional<double> {
+            if (measured) return at(runs, k, [](const Run& r) { return r.exposed_gather_s + r.exposed_reduce_scatter_s; });
             if (!over_ddp) return 0.0;
             auto s = at(synced, k, [](const Run& r) { return r.p50_s; });
             auto n = at(no_sync, k, [](const Run& r) { return r.p50_s; });
             if (!s || !n) return std::nullopt;
             return *s - *n;
           };
-          if (over_ddp) {
+          auto ms = [&](double Run::*field) {
+            return over_repeats(runs, [field](int, const Run& r) -> std::optional<double> {
+              if (r.*field < 0) return std::nullopt;
+              return r.*field * 1e3;
+            });
+          };
+          row.forward_ms = ms(&Run::forward_s);
+          row.backward_ms = ms(&Run::backward_s);
+          row.optimizer_ms = ms(&Run::optimizer_s);
+          if (measured) {
+            row.exposed_gather_ms = ms(&Run::exposed_gather_s);
+            row.exposed_reduce_scatter_ms = ms(&Run::exposed_reduce_scatter_s);
+          }
+          if (over_ddp || measured) {
             row.exposed_comm_ms = over_repeats(runs, [&](int k, const Run&) -> std::optional<double> {
               auto e = exposed_s(k);
               return e ? std::optional<double>(*e * 1e3) : std::nullopt;

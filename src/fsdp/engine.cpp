@@ -481,6 +481,22 @@ double Engine::clip_grad_norm(double max_norm, double norm_type) {
 
 void Engine::reset_peak() { s_->peak_transient = 0; }
 
+// Note [Exposed communication]
+// Every gather and reduce-scatter is asynchronous; the host blocks only where it needs the result:
+// a unit's gather before its forward or backward (a prefetch that has not arrived yet), and the
+// reduce-scatters still in flight at the end of backward. The time blocked there is the
+// communication the schedule did not hide behind compute, the figure `tandem bench` reports for
+// FSDP next to its phases. It does not count compute slowed by collectives sharing its cores
+// (on CPU, Gloo's threads run on the same cores), which shows only in the step time.
+CommWaits Engine::comm_waits() const {
+  CommWaits w;
+  for (const auto& unit : s_->units) {
+    w.all_gather_s += unit->gather_wait_seconds();
+    w.reduce_scatter_s += unit->reduce_wait_seconds();
+  }
+  return w;
+}
+
 MemoryBytes Engine::memory() const {
   MemoryBytes m;
   m.peak_transient = s_->peak_transient;

@@ -1,5 +1,6 @@
 #include "fsdp/unit_shard.h"
 
+#include <chrono>
 #include <utility>
 
 #include <torch/csrc/autograd/generated/variable_factories.h>
@@ -8,6 +9,16 @@
 #include "tandem/error.h"
 
 namespace tandem::fsdp::detail {
+
+namespace {
+// Waits for `work` and adds the host time it blocked to `clock`: the communication compute did not
+// hide (Note [Exposed communication] in engine.cpp).
+void timed_wait(comm::ProcessGroup& pg, c10::intrusive_ptr<c10d::Work> work, const std::string& what, double& clock) {
+  const auto start = std::chrono::steady_clock::now();
+  pg.wait(work, what);
+  clock += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
 
 UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg)
     : name_(std::move(name)), pg_(pg), world_(pg.size()), rank_(pg.rank()) {
@@ -75,8 +86,7 @@ void UnitShard::finish_gather() {
   if (!gather_work_) {  // world 1, or nothing to gather
     rank_major = local_.view({1, per_rank_}).expand({world_, per_rank_});
   } else {
-    auto work = std::exchange(gather_work_, nullptr);
-    pg_.wait(work, "fsdp all-gather of unit '" + name_ + "'");
+    timed_wait(pg_, std::exchange(gather_work_, nullptr), "fsdp all-gather of unit '" + name_ + "'", gather_wait_s_);
     rank_major = std::exchange(gather_output_, at::Tensor()).view({world_, per_rank_});
   }
   gather_pending_ = false;
@@ -102,8 +112,7 @@ void UnitShard::finish_gather() {
 
 void UnitShard::reshard() {
   if (gather_work_) {  // a prefetch nobody waited for: its buffers must outlive it
-    auto work = std::exchange(gather_work_, nullptr);
-    pg_.wait(work, "fsdp all-gather of unit '" + name_ + "'");
+    timed_wait(pg_, std::exchange(gather_work_, nullptr), "fsdp all-gather of unit '" + name_ + "'", gather_wait_s_);
     gather_output_ = at::Tensor();
   }
   gather_pending_ = false;
@@ -168,8 +177,8 @@ void UnitShard::start_reduce() {
 void UnitShard::finish_reduce() {
   if (!reducing()) return;
   if (reduce_work_) {
-    auto work = std::exchange(reduce_work_, nullptr);
-    pg_.wait(work, "fsdp reduce-scatter of unit '" + name_ + "'");
+    timed_wait(pg_, std::exchange(reduce_work_, nullptr), "fsdp reduce-scatter of unit '" + name_ + "'",
+               reduce_wait_s_);
   }
   reduce_pending_ = false;
   reduce_input_ = at::Tensor();
@@ -188,8 +197,8 @@ void UnitShard::finish_reduce() {
 
 void UnitShard::discard_reduce() {
   if (reduce_work_) {
-    auto work = std::exchange(reduce_work_, nullptr);
-    pg_.wait(work, "fsdp reduce-scatter of unit '" + name_ + "'");
+    timed_wait(pg_, std::exchange(reduce_work_, nullptr), "fsdp reduce-scatter of unit '" + name_ + "'",
+               reduce_wait_s_);
   }
   reduce_pending_ = false;
   reduce_input_ = at::Tensor();

@@ -77,6 +77,9 @@ class UnitShard {
   /// gradients on the parameters.
   int64_t gathered_numel() const;
   int64_t full_grad_numel() const;
+  /// Host seconds spent waiting for this unit's all-gathers and reduce-scatters, since construction.
+  double gather_wait_seconds() const { return gather_wait_s_; }
+  double reduce_wait_seconds() const { return reduce_wait_s_; }
 
  private:
   std::string name_;
@@ -95,6 +98,7 @@ class UnitShard {
   c10::intrusive_ptr<c10d::Work> reduce_work_;
   bool reduce_pending_ = false;
   at::Tensor inverse_world_;
+  double gather_wait_s_ = 0, reduce_wait_s_ = 0;
 };
 
 }  // namespace tandem::fsdp::detail

@@ -134,6 +134,36 @@ TEST(Markdown, ModelStatePerRankWhereRecorded) {
   EXPECT_FALSE(has(render_markdown(plain, analyze(plain)), "Model state per rank"));
 }
 
+TEST(Markdown, FsdpStepByPhaseBesideDdp) {
+  auto results = test::fixture();
+  std::vector<bench::Run> fsdp;
+  for (const auto& r : results.runs) {
+    if (r.impl != "tandem" || r.strategy != "ddp" || r.world != 2) continue;
+    bench::Run f = r;
+    f.strategy = "fsdp";
+    f.p50_s = 0.100;
+    f.forward_s = 0.040;
+    f.backward_s = 0.055;
+    f.optimizer_s = 0.005;
+    f.exposed_gather_s = 0.012;
+    f.exposed_reduce_scatter_s = 0.003;
+    fsdp.push_back(f);
+  }
+  ASSERT_FALSE(fsdp.empty());
+  results.runs.insert(results.runs.end(), fsdp.begin(), fsdp.end());
+  const auto md = render_markdown(results, analyze(results));
+  EXPECT_TRUE(has(md, "### FSDP's step by phase (ms, rank 0, medians)")) << md;
+  EXPECT_TRUE(has(md, "| small | Tandem FSDP | 2 | 100.0 | 40.0 | 55.0 | 5.0 | 12.0 | 3.0 |")) << md;
+  EXPECT_TRUE(has(md, "| small | Tandem ddp | 2 |")) << md;
+  // Its exposed communication in the breakdown is the two waits summed.
+  EXPECT_TRUE(has(md, "| small | Tandem FSDP | 2 | 100.0 | ")) << md;
+  EXPECT_TRUE(has(md, " | 15.0 | ")) << md;
+  const auto back = results_from_json(to_json(results), "fsdp");
+  EXPECT_EQ(render_markdown(back, analyze(back)), md);
+  const auto plain = test::fixture();
+  EXPECT_FALSE(has(render_markdown(plain, analyze(plain)), "FSDP's step by phase"));
+}
+
 TEST(Markdown, ComparisonOfTwoRuns) {
   const auto a = test::fixture();
   auto b = a;

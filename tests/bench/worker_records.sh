@@ -216,6 +216,10 @@ for line in open(os.path.join(d, "plan.tsv")):
         # Accounted model state where the table says (model_state_ok).
         "model_state_bytes exactly where the table's model_state": ("model_state_bytes" in r) == entry["model_state"]
             and (not entry["model_state"] or model_state_ok(r, strategy, precision, ranks)),
+        # FSDP's host time blocked on its collectives, per step (a step's waits fit in it).
+        "exposed_gather_p50_s and exposed_reduce_scatter_p50_s exactly for Tandem's fsdp, within the step":
+            all((k in r) == (impl == "tandem" and strategy == "fsdp") and 0 <= r.get(k, 0) <= r["p50_s"]
+                for k in ("exposed_gather_p50_s", "exposed_reduce_scatter_p50_s")),
         "versions.torch": isinstance(r["versions"], dict) and r["versions"].get("torch"),
         "versions.accelerate on the peer's accelerate": (impl != "pytorch" or strategy != "accelerate") or
             bool(r["versions"].get("accelerate")),

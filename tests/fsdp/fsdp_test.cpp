@@ -466,6 +466,33 @@ TEST(Fsdp, FreesUnitsAfterForwardDespiteSavedViews) {
   EXPECT_GE(kept - freed, blocks / 2) << "live bytes after forward: " << kept << " kept, " << freed << " freed";
 }
 
+// comm_waits() counts the host time blocked on collectives (Note [Exposed communication]): when
+// rank 1 comes late to the forward, rank 0 waits for the first all-gather at least that long; when
+// it comes late to backward (nothing to gather there: reshard_after_forward off), rank 0's
+// reduce-scatters are still in flight when its backward ends.
+TEST(Fsdp, CommWaitsCountTheTimeBlockedOnALateRank) {
+  if (pg().size() < 2) GTEST_SKIP() << "needs a second rank to wait for";
+  const Model m = mlp();
+  auto net = m.make();
+  m.wrap(net);
+  fsdp::FullyShardedDataParallel model(net, shared_pg(), fsdp::FullyShardOptions().reshard_after_forward(false));
+  auto [x, y] = m.batch(0, pg().rank(), 0);
+  const auto late = std::chrono::milliseconds(400);
+  EXPECT_EQ(model->comm_waits().all_gather_s, 0.0);
+  if (pg().rank() == 1) std::this_thread::sleep_for(late);
+  at::Tensor loss = m.loss(model->forward(x), y);
+  const fsdp::CommWaits after_forward = model->comm_waits();
+  if (pg().rank() == 1) std::this_thread::sleep_for(late);
+  loss.backward();
+  const fsdp::CommWaits after_backward = model->comm_waits();
+  if (pg().rank() == 0) {
+    EXPECT_GE(after_forward.all_gather_s, 0.3) << "rank 1 came 0.4 s late to the first gather";
+    EXPECT_GE(after_backward.reduce_scatter_s - after_forward.reduce_scatter_s, 0.3)
+        << "rank 1 came 0.4 s late to the reduce-scatters";
+  }
+  EXPECT_EQ(after_backward.all_gather_s, after_forward.all_gather_s) << "nothing is gathered in backward";
+}
+
 // The gathered norm equals torch's clip_grad_norm_ over the whole averaged gradient.
 TEST(Fsdp, ClipGradNormOverShardsEqualsTorch) {
   const Model m = mlp();

@@ -31,6 +31,14 @@ struct MemoryBytes {
   int64_t two_largest_units = 0;
 };
 
+/// Host seconds spent blocked on FSDP's collectives since the engine was made (Note [Exposed
+/// communication] in src/fsdp/engine.cpp): the communication that compute did not hide. On CUDA
+/// waits are stream-ordered and do not block the host, so there these stay near 0.
+struct CommWaits {
+  double all_gather_s = 0;
+  double reduce_scatter_s = 0;
+};
+
 /// One sharding unit, as the engine sees it.
 struct UnitInfo {
   std::string name;               // its path in the root ("" for the root's own parameters)
@@ -82,6 +90,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   double clip_grad_norm(double max_norm, double norm_type);
   MemoryBytes memory() const;
   void reset_peak();
+  CommWaits comm_waits() const;
   std::vector<UnitInfo> units() const;
   const std::shared_ptr<comm::ProcessGroup>& process_group() const;
 

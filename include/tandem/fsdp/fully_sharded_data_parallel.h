@@ -100,6 +100,8 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   /// torch.nn.utils.clip_grad_norm_ over every rank's shards; the same norm on every rank. Collective.
   double clip_grad_norm(double max_norm, double norm_type = 2.0) { return engine_->clip_grad_norm(max_norm, norm_type); }
   MemoryBytes memory() const { return engine_->memory(); }
+  /// Host time blocked on the gathers and reduce-scatters so far: communication not hidden.
+  CommWaits comm_waits() const { return engine_->comm_waits(); }
   std::vector<UnitInfo> units() const { return engine_->units(); }
 
   ModuleHolder& module() { return module_; }
