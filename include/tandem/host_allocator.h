@@ -16,7 +16,7 @@ struct HostAllocatorSetting {
 
 enum class HostAllocatorPolicy {
   KeepFreed,    // freed memory stays in the process for the next step (DDP, DataParallel)
-  ReturnLarge,  // blocks of 1 MiB or more are mapped afresh and unmapped when freed (FSDP)
+  ReturnLarge,  // blocks of 4 MiB or more are mapped afresh and unmapped when freed, smaller kept (FSDP)
 };
 
 /// Applies the setting once per process (later calls return the first result); the Accelerator,

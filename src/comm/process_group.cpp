@@ -15,6 +15,7 @@
 #include "comm/mpi_backend.h"
 #include "comm/nccl_backend.h"
 #include "comm/nccl_device.h"
+#include "common/host_buffer_pool.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/comm/net.h"
 #include "tandem/error.h"
@@ -488,7 +489,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::issue_reduce_scatter(at::Tensor& ou
   if (!input.is_cuda() && cpu_kind_ == CpuBackend::Gloo && size() > 1 && wire != ReduceOp::Avg) {
     // Note [Gloo reduce-scatter].
     at::Tensor flat_input = input.view({-1});  // Gloo splits dim 0 into the world size's parts
-    at::Tensor received = at::empty_like(flat_input);
+    at::Tensor received = tandem::detail::scratch_like(flat_input, flat_input.numel());  // Note [Host buffer pool]
     std::vector<int64_t> equal_splits;
     c10d::AllToAllOptions opts;
     opts.timeout = options_.timeout();
@@ -517,7 +518,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::all_gather_into_async(at::Tensor& o
     // process over several heaps (it grew by hundreds of MB a step). An all-to-all whose input is
     // this rank's shard once per rank delivers every rank's shard into the output in rank order,
     // with the same bytes on the wire and no buffer of Gloo's own.
-    at::Tensor sent = input.reshape({1, -1}).expand({size(), input.numel()}).contiguous().view({-1});
+    // The send buffer comes from where the output does (Note [Host buffer pool]: FSDP's pool).
+    at::Tensor sent = tandem::detail::scratch_like(output, size() * input.numel());
+    sent.view({size(), input.numel()}).copy_(input.reshape({1, -1}).expand({size(), input.numel()}));
     at::Tensor received = output.view({-1});
     std::vector<int64_t> equal_splits;
     c10d::AllToAllOptions opts;

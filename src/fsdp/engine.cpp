@@ -38,6 +38,7 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "common/host_buffer_pool.h"
 #include "common/ready_hook.h"
 #include "fsdp/unit_shard.h"
 #include "tandem/error.h"
@@ -208,6 +209,16 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
       s.where[s.units[u]->slots()[i].param.unsafeGetTensorImpl()] = {u, i};
     }
   }
+  // Note [Host buffer pool]: free buffers kept for the next step, up to what a step holds at once:
+  // the root gathered for the whole step, and around the running unit its gathered storage, the
+  // next one's with its all-gather's send and receive buffers, and the reduce-scatters in flight.
+  int64_t root_bytes = 0, largest = 0;
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    const int64_t bytes = s.units[u]->shard_numel() * s.pg->size() * static_cast<int64_t>(c10::elementSize(s.units[u]->dtype()));
+    if (u >= first_root) root_bytes += bytes;
+    largest = std::max(largest, bytes);
+  }
+  tandem::detail::HostBufferPool::instance().keep_at_most(static_cast<size_t>(2 * root_bytes + 8 * largest));
   s.keep.assign(s.units.size(), false);
   s.ready.assign(s.units.size(), 0);
   s.expected.assign(s.units.size(), 0);

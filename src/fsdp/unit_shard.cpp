@@ -5,6 +5,7 @@
 
 #include <torch/csrc/autograd/generated/variable_factories.h>
 
+#include "common/host_buffer_pool.h"
 #include "common/storage_alias.h"
 #include "tandem/error.h"
 
@@ -75,7 +76,7 @@ void UnitShard::start_gather() {
     gather_pending_ = true;
     return;
   }
-  gather_output_ = at::empty({world_ * per_rank_}, local_.options());
+  gather_output_ = tandem::detail::pooled_empty(world_ * per_rank_, local_.options());  // Note [Host buffer pool]
   gather_work_ = pg_.all_gather_into_async(gather_output_, local_);
 }
 
@@ -94,7 +95,7 @@ void UnitShard::finish_gather() {
   // unit's one storage, allocated again if reshard() released it (Note [Unit layout]).
   const size_t nbytes = static_cast<size_t>(world_ * per_rank_) * local_.element_size();
   if (!gathered_buffer_.defined()) {
-    gathered_buffer_ = at::empty({world_ * per_rank_}, local_.options());
+    gathered_buffer_ = tandem::detail::pooled_empty(world_ * per_rank_, local_.options());  // refilled from the pool too
   } else if (gathered_buffer_.storage().nbytes() != nbytes) {
     c10::StorageImpl* storage = gathered_buffer_.storage().unsafeGetStorageImpl();
     storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
@@ -145,7 +146,7 @@ void UnitShard::start_reduce() {
   for (const auto& slot : slots_) any = any || slot.param.requires_grad();
   if (!any) return;
   // Every element is written once: a rank's rows (× 1/W) or zero (the padding, a missing gradient).
-  reduce_input_ = at::empty({world_ * per_rank_}, local_.options());
+  reduce_input_ = tandem::detail::pooled_empty(world_ * per_rank_, local_.options());  // Note [Host buffer pool]
   at::Tensor rank_major = reduce_input_.view({world_, per_rank_});
   for (auto& slot : slots_) {
     at::Tensor grad = slot.param.grad();
@@ -170,7 +171,7 @@ void UnitShard::start_reduce() {
     reduce_pending_ = true;
     return;
   }
-  reduce_output_ = at::empty({per_rank_}, local_.options());
+  reduce_output_ = tandem::detail::pooled_empty(per_rank_, local_.options());
   reduce_work_ = pg_.reduce_scatter_async(reduce_output_, reduce_input_);
 }
 

@@ -26,6 +26,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "common/host_buffer_pool.h"
 #include "support/distributed_main.h"
 #include "support/errors.h"
 #include "tandem/fsdp/auto_wrap.h"
@@ -413,6 +414,8 @@ struct CountingAllocator final : c10::Allocator {
 TEST(Fsdp, FreesUnitsAfterForwardDespiteSavedViews) {
   CountingAllocator& counting = CountingAllocator::get();
   if (!counting.base) counting.base = c10::GetCPUAllocator();
+  // Live bytes: the CPU allocator's and the host buffer pool's, where FSDP's buffers come from.
+  auto live = [&] { return counting.live + static_cast<int64_t>(tandem::detail::HostBufferPool::instance().stats().live); };
   // Note [Gloo's lingering buffers]: c10d's Gloo worker thread marks a collective complete, which
   // wakes our wait(), and only then drops its own reference to the work, and with it the work's
   // send and receive buffers (for a unit's all-gather: twice the unit's gathered bytes). Until that
@@ -422,12 +425,12 @@ TEST(Fsdp, FreesUnitsAfterForwardDespiteSavedViews) {
   // not changed for 100 ms, the second's once they are under the bound (or after 10 s, failing).
   auto settle = [&](int64_t before, const std::function<bool(int64_t)>& done) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    int64_t held = counting.live - before;
+    int64_t held = live() - before;
     auto since = std::chrono::steady_clock::now();
     while (std::chrono::steady_clock::now() < deadline) {
       if (done ? done(held) : std::chrono::steady_clock::now() - since > std::chrono::milliseconds(100)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      const int64_t now = counting.live - before;
+      const int64_t now = live() - before;
       if (now != held) since = std::chrono::steady_clock::now();
       held = now;
     }
@@ -449,7 +452,7 @@ TEST(Fsdp, FreesUnitsAfterForwardDespiteSavedViews) {
     fsdp::FullyShardedDataParallel model(net, shared_pg(), fsdp::FullyShardOptions().reshard_after_forward(reshard));
     auto [x, y] = transformer().batch(0, pg().rank(), 0);
     c10::SetCPUAllocator(&counting, /*priority=*/100);
-    const int64_t before = counting.live;
+    const int64_t before = live();
     at::Tensor loss = transformer().loss(model->forward(x), y);  // the first step: no unit is kept for backward
     const int64_t held = reshard ? settle(before, [&](int64_t h) { return kept - h >= blocks / 2; })
                                  : settle(before, nullptr);

@@ -1,0 +1,128 @@
+#include "common/host_buffer_pool.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include <ATen/EmptyTensor.h>
+
+#include "tandem/error.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TANDEM_POOL_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TANDEM_POOL_UNDER_ASAN 1
+#endif
+#endif
+
+namespace tandem::detail {
+
+// Note [Host buffer pool]
+// FSDP needs, every step, a unit's gathered parameters, its all-gather's send and receive buffers,
+// its packed gradients and the reduce-scatter's receive buffer: megabytes each, freed a moment
+// later, partly on Gloo's threads, the same sizes every step. Under glibc they either stay in the
+// process's heaps, where mixed sizes and threads fragmented them (a budget-test rank grew by a
+// quarter of a gigabyte per step), or, mapped afresh and unmapped every time (the mmap threshold
+// of Note [Host allocator]), every page of them faults again each step: about 41,000 faults per
+// step on the bench's large model at 2 ranks, 17,000 once this pool served them. This pool maps such buffers itself
+// and keeps them when freed, up to a limit the FSDP engines set (a few times their largest unit):
+// a step reuses the last step's buffers (a free buffer up to a quarter larger serves), faults
+// nothing in steady state, and never holds more free bytes than the limit. Everything else
+// (activations, autograd's gradients) stays with the host allocator's policy.
+// Under AddressSanitizer the pool hands out the default CPU allocator's memory, which ASan sees.
+
+struct HostBufferPool::Block {
+  HostBufferPool* pool;
+  void* data;
+  size_t bytes;  // mapped
+};
+
+HostBufferPool& HostBufferPool::instance() {
+  static HostBufferPool* pool = new HostBufferPool();
+  return *pool;
+}
+
+c10::DataPtr HostBufferPool::allocate(size_t bytes) {
+  if (bytes == 0) return {nullptr, nullptr, nullptr, c10::Device(c10::kCPU)};
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t mapped = (bytes + page - 1) / page * page;
+  void* data = nullptr;
+  size_t size = mapped;
+  {
+    std::lock_guard<std::mutex> hold(mutex_);
+    auto it = free_.lower_bound(mapped);
+    if (it != free_.end() && it->first <= mapped + mapped / 4) {
+      size = it->first;
+      data = it->second;
+      free_.erase(it);
+      stats_.cached -= size;
+      ++stats_.reused;
+    }
+  }
+  if (!data) {
+    data = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (data == MAP_FAILED) {
+      throw Error("host buffer pool: mapping " + std::to_string(mapped) + " bytes failed: " + std::strerror(errno));
+    }
+    std::lock_guard<std::mutex> hold(mutex_);
+    ++stats_.mapped;
+  }
+  {
+    std::lock_guard<std::mutex> hold(mutex_);
+    stats_.live += size;
+  }
+  return {data, new Block{this, data, size}, &HostBufferPool::release, c10::Device(c10::kCPU)};
+}
+
+void HostBufferPool::release(void* ctx) {
+  auto* block = static_cast<Block*>(ctx);
+  block->pool->give_back(block);
+}
+
+void HostBufferPool::give_back(Block* block) {
+  const Block b = *block;
+  delete block;
+  {
+    std::lock_guard<std::mutex> hold(mutex_);
+    stats_.live -= b.bytes;
+    if (stats_.cached + b.bytes <= limit_) {
+      free_.emplace(b.bytes, b.data);
+      stats_.cached += b.bytes;
+      return;
+    }
+  }
+  munmap(b.data, b.bytes);
+}
+
+void HostBufferPool::keep_at_most(size_t bytes) {
+  std::lock_guard<std::mutex> hold(mutex_);
+  if (bytes > limit_) limit_ = bytes;
+}
+
+HostBufferPool::Stats HostBufferPool::stats() const {
+  std::lock_guard<std::mutex> hold(mutex_);
+  return stats_;
+}
+
+at::Tensor pooled_empty(int64_t numel, const at::TensorOptions& options) {
+#if defined(TANDEM_POOL_UNDER_ASAN)
+  return at::empty({numel}, options);
+#else
+  if (options.device().type() != c10::kCPU) return at::empty({numel}, options);
+  return at::detail::empty_generic({numel}, &HostBufferPool::instance(), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   options.dtype().toScalarType(), std::nullopt);
+#endif
+}
+
+at::Tensor scratch_like(const at::Tensor& like, int64_t numel) {
+  c10::Allocator* allocator = like.has_storage() ? like.storage().allocator() : nullptr;
+  if (!like.is_cpu() || allocator == nullptr) return at::empty({numel}, like.options());
+  return at::detail::empty_generic({numel}, allocator, c10::DispatchKeySet(c10::DispatchKey::CPU), like.scalar_type(),
+                                   std::nullopt);
+}
+
+}  // namespace tandem::detail
