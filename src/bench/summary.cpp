@@ -127,7 +127,12 @@ std::vector<Row> summarize(const RunIndex& index) {
           // FSDP measures its own: the host time blocked on its collectives (rank 0's).
           const bool measured = first.exposed_gather_s >= 0;
           auto exposed_s = [&](int k) -> std::optional<double> {
-            if (measured) return at(runs, k, [](const Run& r) { return r.exposed_gather_s + r.exposed_reduce_scatter_s; });
+            if (measured) {
+              auto g = at(runs, k, [](const Run& r) { return r.exposed_gather_s; });
+              auto rs = at(runs, k, [](const Run& r) { return r.exposed_reduce_scatter_s; });
+              if (!g || !rs || *g < 0 || *rs < 0) return std::nullopt;
+              return *g + *rs;
+            }
             if (!over_ddp) return 0.0;
             auto s = at(synced, k, [](const Run& r) { return r.p50_s; });
             auto n = at(no_sync, k, [](const Run& r) { return r.p50_s; });

@@ -3,6 +3,7 @@
 // gathered units, its all-gather and reduce-scatter buffers). Note [Host buffer pool] in the .cpp.
 #include <cstddef>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <mutex>
 
@@ -24,7 +25,8 @@ class HostBufferPool final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
-  /// Raises the most free bytes the pool keeps for reuse (a buffer freed beyond it is unmapped).
+  /// Raises the most free bytes the pool keeps for reuse. A freed buffer that would pass it makes
+  /// room by unmapping the buffers freed longest ago (a size no one asks for any more goes first).
   void keep_at_most(size_t bytes);
 
   struct Stats {
@@ -39,17 +41,27 @@ class HostBufferPool final : public c10::Allocator {
   void give_back(Block* block);
 
   mutable std::mutex mutex_;
-  std::multimap<size_t, void*> free_;  // mapped size -> address
+  std::list<std::pair<size_t, void*>> free_order_;  // free buffers (mapped size, address), newest first
+  std::multimap<size_t, std::list<std::pair<size_t, void*>>::iterator> free_;  // by size
   size_t limit_ = 0;
   Stats stats_;
 };
 
-/// An uninitialized CPU tensor of `numel` elements from the pool (the default CPU allocator when
-/// built with AddressSanitizer, which then sees every access); `at::empty` on other devices.
+/// Buffers smaller than this come from the host allocator: they stay in its heap anyway (Note [Host
+/// allocator]), and a mapping each would cost more than it saves.
+constexpr size_t kPooledMinBytes = size_t{64} << 10;
+
+/// The bytes a buffer of `bytes` takes in the pool (whole pages); 0 when it would not be pooled.
+size_t pooled_bytes(size_t bytes);
+
+/// An uninitialized CPU tensor of `numel` elements from the pool when it is at least
+/// kPooledMinBytes (the default CPU allocator when built with AddressSanitizer, which then sees
+/// every access); `at::empty` otherwise and on other devices.
 at::Tensor pooled_empty(int64_t numel, const at::TensorOptions& options);
 
-/// An uninitialized flat tensor of `numel` elements of `like`'s dtype, from the allocator of
-/// `like`'s storage: a collective's scratch comes from where the buffers it serves come from.
+/// An uninitialized flat tensor of `numel` elements of `like`'s dtype: from the process's pool when
+/// `like`'s storage comes from it (a collective's scratch comes from where the buffers it serves
+/// come from), else `at::empty`.
 at::Tensor scratch_like(const at::Tensor& like, int64_t numel);
 
 }  // namespace tandem::detail

@@ -210,15 +210,21 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
     }
   }
   // Note [Host buffer pool]: free buffers kept for the next step, up to what a step holds at once:
-  // the root gathered for the whole step, and around the running unit its gathered storage, the
-  // next one's with its all-gather's send and receive buffers, and the reduce-scatters in flight.
-  int64_t root_bytes = 0, largest = 0;
+  // the root gathered for the whole step; around the running unit its gathered storage, the next
+  // one's with its all-gather's send and receive buffers, and the reduce-scatters in flight; and
+  // every unit's reduced gradient rows, which live until zero_grad (the whole packed gradients in
+  // a world of one, where they are the reduce's output).
+  // In the pool's terms: whole pages, nothing for buffers too small to be pooled.
+  size_t root_bytes = 0, largest = 0, gradient_rows = 0;
   for (size_t u = 0; u < s.units.size(); ++u) {
-    const int64_t bytes = s.units[u]->shard_numel() * s.pg->size() * static_cast<int64_t>(c10::elementSize(s.units[u]->dtype()));
-    if (u >= first_root) root_bytes += bytes;
-    largest = std::max(largest, bytes);
+    const size_t element = c10::elementSize(s.units[u]->dtype());
+    const size_t shard = static_cast<size_t>(s.units[u]->shard_numel()) * element;
+    const size_t whole = tandem::detail::pooled_bytes(shard * static_cast<size_t>(s.pg->size()));
+    if (u >= first_root) root_bytes += whole;
+    largest = std::max(largest, whole);
+    gradient_rows += s.pg->size() == 1 ? whole : tandem::detail::pooled_bytes(shard);
   }
-  tandem::detail::HostBufferPool::instance().keep_at_most(static_cast<size_t>(2 * root_bytes + 8 * largest));
+  tandem::detail::HostBufferPool::instance().keep_at_most(2 * root_bytes + 8 * largest + gradient_rows);
   s.keep.assign(s.units.size(), false);
   s.ready.assign(s.units.size(), 0);
   s.expected.assign(s.units.size(), 0);
@@ -498,7 +504,9 @@ void Engine::reset_peak() { s_->peak_transient = 0; }
 // reduce-scatters still in flight at the end of backward. The time blocked there is the
 // communication the schedule did not hide behind compute, the figure `tandem bench` reports for
 // FSDP next to its phases. It does not count compute slowed by collectives sharing its cores
-// (on CPU, Gloo's threads run on the same cores), which shows only in the step time.
+// (on CPU, Gloo's threads run on the same cores), which shows only in the step time. On Gloo a
+// reduce-scatter's wait also adds up the received slices (Note [Gloo reduce-scatter]): that sum
+// is counted as communication, as c10d's own would be.
 CommWaits Engine::comm_waits() const {
   CommWaits w;
   for (const auto& unit : s_->units) {

@@ -11,7 +11,7 @@ source "$(dirname "$0")/../support/logs.sh"
 scratch_dir work
 run() {  # run NAME NPROC ARGS...
   local name="$1" nproc="$2"; shift 2
-  timeout -k 5 500 "$tandem" run --nproc-per-node "$nproc" -- "$example" --epochs 2 --samples 2048 --strategy fsdp \
+  timeout -k 5 200 "$tandem" run --nproc-per-node "$nproc" -- "$example" --epochs 2 --samples 2048 --strategy fsdp \
     --checkpoints "$work/$name.ckpt" "$@" >"$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; exit 1; }
   local loss
   loss=$(grep -Eo 'held-out loss [0-9.]+' "$work/$name.log" | awk '{print $3}')

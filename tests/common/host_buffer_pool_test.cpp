@@ -1,6 +1,6 @@
 // The host buffer pool (Note [Host buffer pool] in src/common/host_buffer_pool.cpp): a freed
 // buffer serves the next request of its size (or up to a quarter smaller), free bytes never exceed
-// the limit, and a collective's scratch comes from the allocator of the tensor it serves.
+// the limit, and a collective's scratch comes from the pool when the tensor it serves does.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -45,18 +45,35 @@ TEST(HostBufferPool, AFreeBufferUpToAQuarterLargerServesNoLarger) {
   EXPECT_EQ(pool.stats().mapped, 3);
 }
 
-TEST(HostBufferPool, FreeBytesBeyondTheLimitAreUnmapped) {
+TEST(HostBufferPool, FreeBytesStayUnderTheLimitTheOldestGoFirst) {
   HostBufferPool pool;
   pool.keep_at_most(3 * kMiB);
+  void* older = nullptr;
+  void* newer = nullptr;
   {
     c10::DataPtr a = pool.allocate(2 * kMiB), b = pool.allocate(2 * kMiB);
+    older = b.get();  // b is freed first (destroyed in reverse order)
+    newer = a.get();
   }
-  EXPECT_EQ(pool.stats().cached, 2 * kMiB) << "the second 2 MiB would pass the 3 MiB limit";
+  EXPECT_EQ(pool.stats().cached, 2 * kMiB) << "both would pass the 3 MiB limit: the older was unmapped";
   pool.keep_at_most(kMiB);  // never lowered
   {
     c10::DataPtr c = pool.allocate(kMiB / 2);
   }
   EXPECT_EQ(pool.stats().cached, 2 * kMiB + kMiB / 2);
+  c10::DataPtr again = pool.allocate(2 * kMiB);
+  EXPECT_EQ(again.get(), newer);
+  EXPECT_NE(again.get(), older);
+  // A size nobody asks for any more gives way: two 1.5 MiB buffers freed push the others out.
+  {
+    c10::DataPtr d = pool.allocate(3 * kMiB / 2), e = pool.allocate(3 * kMiB / 2);
+  }
+  EXPECT_EQ(pool.stats().cached, 3 * kMiB);
+  c10::DataPtr half = pool.allocate(kMiB / 2);
+  EXPECT_EQ(pool.stats().reused, 1) << "the 0.5 MiB buffer was unmapped to make room";
+  // A buffer larger than the limit is never kept.
+  { c10::DataPtr huge = pool.allocate(4 * kMiB); }
+  EXPECT_EQ(pool.stats().cached, 3 * kMiB);
 }
 
 TEST(HostBufferPool, ZeroBytesIsNoBuffer) {
@@ -66,19 +83,21 @@ TEST(HostBufferPool, ZeroBytesIsNoBuffer) {
   EXPECT_EQ(pool.stats().mapped, 0);
 }
 
-TEST(HostBufferPool, ScratchComesFromTheAllocatorOfWhatItServes) {
-  HostBufferPool pool;
-  pool.keep_at_most(kMiB);
-  at::Tensor pooled = at::detail::empty_generic({100}, &pool, c10::DispatchKeySet(c10::DispatchKey::CPU), at::kFloat,
-                                                std::nullopt);
+TEST(HostBufferPool, ScratchComesFromThePoolWhenWhatItServesDoes) {
+  HostBufferPool& process = HostBufferPool::instance();
+  at::Tensor pooled = at::detail::empty_generic({100}, &process, c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                at::kFloat, std::nullopt);
   at::Tensor scratch = tandem::detail::scratch_like(pooled, 300);
-  EXPECT_EQ(scratch.storage().allocator(), &pool);
+  EXPECT_EQ(scratch.storage().allocator(), &process);
   EXPECT_EQ(scratch.numel(), 300);
   EXPECT_EQ(scratch.scalar_type(), at::kFloat);
-  at::Tensor plain = at::ones({4}, at::kDouble);
-  at::Tensor plain_scratch = tandem::detail::scratch_like(plain, 8);
-  EXPECT_EQ(plain_scratch.storage().allocator(), plain.storage().allocator());
-  EXPECT_EQ(plain_scratch.scalar_type(), at::kDouble);
+  // Any other allocator is not followed (it may be pinned, or scoped like this one).
+  HostBufferPool scoped;
+  at::Tensor other = at::detail::empty_generic({4}, &scoped, c10::DispatchKeySet(c10::DispatchKey::CPU), at::kDouble,
+                                               std::nullopt);
+  at::Tensor other_scratch = tandem::detail::scratch_like(other, 8);
+  EXPECT_EQ(other_scratch.storage().allocator(), at::ones({1}).storage().allocator());
+  EXPECT_EQ(other_scratch.scalar_type(), at::kDouble);
 }
 
 }  // namespace

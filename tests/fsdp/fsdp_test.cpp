@@ -24,6 +24,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
 
 #include "common/host_buffer_pool.h"
@@ -422,13 +423,13 @@ TEST(Fsdp, FreesUnitsAfterForwardDespiteSavedViews) {
   // thread runs again they are live. On an oversubscribed machine (3-4 ranks on 2 cores) that was
   // still so when the forward returned, in 3 runs of 8: the freed run then held exactly what the
   // kept run held. So the live bytes are read once they are settled: the first run's once they have
-  // not changed for 100 ms, the second's once they are under the bound (or after 10 s, failing).
+  // not changed for 500 ms, the second's once they are under the bound (or after 10 s, failing).
   auto settle = [&](int64_t before, const std::function<bool(int64_t)>& done) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     int64_t held = live() - before;
     auto since = std::chrono::steady_clock::now();
     while (std::chrono::steady_clock::now() < deadline) {
-      if (done ? done(held) : std::chrono::steady_clock::now() - since > std::chrono::milliseconds(100)) break;
+      if (done ? done(held) : std::chrono::steady_clock::now() - since > std::chrono::milliseconds(500)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       const int64_t now = live() - before;
       if (now != held) since = std::chrono::steady_clock::now();
@@ -470,7 +471,7 @@ TEST(Fsdp, FreesUnitsAfterForwardDespiteSavedViews) {
 }
 
 // comm_waits() counts the host time blocked on collectives (Note [Exposed communication]): when
-// rank 1 comes late to the forward, rank 0 waits for the first all-gather at least that long; when
+// rank 1 comes 1 s late to the forward, rank 0 waits for the first all-gather most of that; when
 // it comes late to backward (nothing to gather there: reshard_after_forward off), rank 0's
 // reduce-scatters are still in flight when its backward ends.
 TEST(Fsdp, CommWaitsCountTheTimeBlockedOnALateRank) {
@@ -480,7 +481,7 @@ TEST(Fsdp, CommWaitsCountTheTimeBlockedOnALateRank) {
   m.wrap(net);
   fsdp::FullyShardedDataParallel model(net, shared_pg(), fsdp::FullyShardOptions().reshard_after_forward(false));
   auto [x, y] = m.batch(0, pg().rank(), 0);
-  const auto late = std::chrono::milliseconds(400);
+  const auto late = std::chrono::milliseconds(1000);  // slack for sanitizers and a shared machine
   EXPECT_EQ(model->comm_waits().all_gather_s, 0.0);
   if (pg().rank() == 1) std::this_thread::sleep_for(late);
   at::Tensor loss = m.loss(model->forward(x), y);
@@ -489,11 +490,42 @@ TEST(Fsdp, CommWaitsCountTheTimeBlockedOnALateRank) {
   loss.backward();
   const fsdp::CommWaits after_backward = model->comm_waits();
   if (pg().rank() == 0) {
-    EXPECT_GE(after_forward.all_gather_s, 0.3) << "rank 1 came 0.4 s late to the first gather";
-    EXPECT_GE(after_backward.reduce_scatter_s - after_forward.reduce_scatter_s, 0.3)
-        << "rank 1 came 0.4 s late to the reduce-scatters";
+    EXPECT_GE(after_forward.all_gather_s, 0.6) << "rank 1 came 1 s late to the first gather";
+    EXPECT_GE(after_backward.reduce_scatter_s - after_forward.reduce_scatter_s, 0.6)
+        << "rank 1 came 1 s late to the reduce-scatters";
   }
   EXPECT_EQ(after_backward.all_gather_s, after_forward.all_gather_s) << "nothing is gathered in backward";
+}
+
+// FSDP's buffers come from the host buffer pool and are reused step after step (Note [Host buffer
+// pool]): once warm, a step maps nothing new. (Under ASan the pool hands out ASan's memory.)
+TEST(Fsdp, ReusesItsBuffersStepAfterStep) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "under AddressSanitizer FSDP's buffers come from ASan's allocator";
+#endif
+  // Units of 256 x 256 floats (256 KiB): above the pool's floor at every world size here.
+  auto net = nn::Sequential(nn::Linear(256, 256), nn::Tanh(), nn::Linear(256, 256), nn::Tanh(), nn::Linear(256, 256));
+  fsdp::wrap_entries(*net);
+  fsdp::FullyShardedDataParallel model(net, shared_pg());
+  torch::optim::Adam adam(model->shard_parameters(), torch::optim::AdamOptions(1e-3));
+  auto& pool = tandem::detail::HostBufferPool::instance();
+  auto step = [&](int i) {
+    adam.zero_grad();
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(100 * i + pg().rank());
+    model->forward(at::randn({8, 256}, gen)).square().mean().backward();
+    adam.step();
+  };
+  step(0);
+  step(1);
+  const auto warm = pool.stats();
+  for (int i = 2; i < 5; ++i) step(i);
+  const auto after = pool.stats();
+  EXPECT_GT(warm.mapped, 0) << "the gathered units come from the pool";
+  // Each of the 3 units is gathered at least once a step from a reused buffer. A buffer Gloo's
+  // thread still holds when the next of its size is asked for (Note [Gloo's lingering buffers])
+  // can cost one new mapping on a loaded machine; a pool that kept nothing would map every one.
+  EXPECT_GE(after.reused - warm.reused, 3 * 3) << "buffers reused in three steps";
+  EXPECT_LE(after.mapped - warm.mapped, 2) << "buffers mapped afresh in three steps (" << after.cached << " bytes free)";
 }
 
 // The gathered norm equals torch's clip_grad_norm_ over the whole averaged gradient.
