@@ -31,8 +31,8 @@ namespace tandem::detail {
 // process's heaps, where mixed sizes and threads fragmented them (a budget-test rank grew by a
 // quarter of a gigabyte per step), or, mapped afresh and unmapped every time (the mmap threshold
 // of Note [Host allocator]), every page of them faults again each step: about 41,000 faults per
-// step on the bench's large model at 2 ranks, 17,000 once this pool served them. This pool maps such buffers itself
-// and keeps them when freed, up to a limit the FSDP engines set (a few times their largest unit,
+// step on the bench's large model at 2 ranks, 17,000 once this pool served them. This pool maps
+// such buffers itself and keeps them when freed, up to a limit the FSDP engines set (a few times their largest unit,
 // plus their gradient rows): a step reuses the last step's buffers (a free buffer up to a quarter
 // larger serves), faults nothing in steady state, and never holds more free bytes than the limit;
 // when a freed buffer would pass it, the buffers freed longest ago are unmapped first, so sizes
@@ -47,6 +47,18 @@ struct HostBufferPool::Block {
   size_t bytes;  // mapped
 };
 
+namespace {
+size_t whole_pages(size_t bytes) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+at::Tensor from_pool(int64_t numel, at::ScalarType dtype) {
+  return at::detail::empty_generic({numel}, &HostBufferPool::instance(), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   dtype, std::nullopt);
+}
+}  // namespace
+
 HostBufferPool& HostBufferPool::instance() {
   static HostBufferPool* pool = new HostBufferPool();
   return *pool;
@@ -54,9 +66,8 @@ HostBufferPool& HostBufferPool::instance() {
 
 c10::DataPtr HostBufferPool::allocate(size_t bytes) {
   if (bytes == 0) return {nullptr, nullptr, nullptr, c10::Device(c10::kCPU)};
-  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   TANDEM_CHECK(bytes <= (SIZE_MAX >> 2), "host buffer pool: ", bytes, " bytes is more than it can map");
-  const size_t mapped = (bytes + page - 1) / page * page;
+  const size_t mapped = whole_pages(bytes);
   auto block = std::make_unique<Block>(Block{this, nullptr, mapped});
   {
     std::lock_guard<std::mutex> hold(mutex_);
@@ -132,10 +143,7 @@ HostBufferPool::Stats HostBufferPool::stats() const {
   return stats_;
 }
 
-size_t pooled_bytes(size_t bytes) {
-  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return bytes < kPooledMinBytes ? 0 : (bytes + page - 1) / page * page;
-}
+size_t pooled_bytes(size_t bytes) { return bytes < kPooledMinBytes ? 0 : whole_pages(bytes); }
 
 at::Tensor pooled_empty(int64_t numel, const at::TensorOptions& options) {
 #if defined(TANDEM_POOL_UNDER_ASAN)
@@ -143,20 +151,17 @@ at::Tensor pooled_empty(int64_t numel, const at::TensorOptions& options) {
 #else
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(options.dtype().toScalarType());
   if (options.device().type() != c10::kCPU || bytes < kPooledMinBytes) return at::empty({numel}, options);
-  return at::detail::empty_generic({numel}, &HostBufferPool::instance(), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                   options.dtype().toScalarType(), std::nullopt);
+  return from_pool(numel, options.dtype().toScalarType());
 #endif
 }
 
 at::Tensor scratch_like(const at::Tensor& like, int64_t numel) {
   // Only the pool is followed: another allocator may be pinned memory, or scoped (a test's), and
   // Gloo can release the scratch after it is gone.
-  HostBufferPool* pool = &HostBufferPool::instance();
-  if (!like.is_cpu() || !like.has_storage() || like.storage().allocator() != pool) {
+  if (!like.is_cpu() || !like.has_storage() || like.storage().allocator() != &HostBufferPool::instance()) {
     return at::empty({numel}, like.options());
   }
-  return at::detail::empty_generic({numel}, pool, c10::DispatchKeySet(c10::DispatchKey::CPU), like.scalar_type(),
-                                   std::nullopt);
+  return from_pool(numel, like.scalar_type());
 }
 
 }  // namespace tandem::detail
