@@ -523,9 +523,13 @@ TEST(Fsdp, ReusesItsBuffersStepAfterStep) {
   EXPECT_GT(warm.mapped, 0) << "the gathered units come from the pool";
   // Each of the 3 units is gathered at least once a step from a reused buffer. A buffer Gloo's
   // thread still holds when the next of its size is asked for (Note [Gloo's lingering buffers])
-  // can cost one new mapping on a loaded machine; a pool that kept nothing would map every one.
-  EXPECT_GE(after.reused - warm.reused, 3 * 3) << "buffers reused in three steps";
-  EXPECT_LE(after.mapped - warm.mapped, 2) << "buffers mapped afresh in three steps (" << after.cached << " bytes free)";
+  // costs a new mapping, and on a loaded machine that happens a few times a step (3 in three
+  // steps at 3 ranks under ctest -j2, once); a pool that kept nothing would map every buffer and
+  // reuse none, so the new mappings are bounded by a quarter of the reuses, not by a count.
+  const int64_t reused = after.reused - warm.reused, mapped = after.mapped - warm.mapped;
+  EXPECT_GE(reused, 3 * 3) << "buffers reused in three steps";
+  EXPECT_LT(4 * mapped, reused) << mapped << " buffers mapped afresh in three steps against " << reused << " reused ("
+                                << after.cached << " bytes free)";
 }
 
 // The gathered norm equals torch's clip_grad_norm_ over the whole averaged gradient.
