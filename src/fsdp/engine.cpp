@@ -88,9 +88,7 @@ struct Engine::State {
   int64_t peak_transient = 0;           // bytes (MemoryBytes::peak_transient)
   void note_peak() {
     int64_t now = 0;
-    for (const auto& unit : units) {
-      now += (unit->gathered_numel() + unit->full_grad_numel()) * static_cast<int64_t>(c10::elementSize(unit->dtype()));
-    }
+    for (const auto& unit : units) now += unit->gathered_now_bytes() + unit->full_grad_bytes();
     peak_transient = std::max(peak_transient, now);
   }
   bool backward_started = false;
@@ -106,6 +104,11 @@ Engine::~Engine() {
 std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<comm::ProcessGroup> pg,
                                        FullyShardOptions options) {
   tune_host_allocator(HostAllocatorPolicy::ReturnLarge);  // Note [Host allocator]: FSDP gives memory back
+  const MixedPrecisionPolicy& policy = options.mixed_precision();
+  for (const auto& dtype : {policy.param_dtype(), policy.reduce_dtype(), policy.output_dtype()}) {
+    TANDEM_CHECK(!dtype || at::isFloatingType(*dtype), "fsdp: mixed precision needs floating-point dtypes, got ",
+                 c10::toString(*dtype));
+  }
   std::shared_ptr<Engine> engine(new Engine());
   State& s = *engine->s_;
   s.pg = std::move(pg);
@@ -185,24 +188,25 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
     it->second.push_back(std::move(item));
   }
 
-  // The hooks before any data changes: AccumulateGrad keeps the shape it is created with.
   for (size_t u = 0; u < groups.size(); ++u) {
-    for (const auto& [name, p] : groups[u].second) {
-      if (!p.requires_grad()) continue;
-      auto accumulator = torch::autograd::impl::grad_accumulator(p);
+    if (u >= first_root) s.root_units.push_back(u);
+    s.units.push_back(std::make_unique<UnitShard>(u >= first_root ? "(root) " + groups[u].first : groups[u].first,
+                                                  std::move(groups[u].second), *s.pg, policy));
+    if (u < first_root) s.modules.push_back(found[u].second);
+  }
+  // The hooks while the parameters have their whole shape and their final dtype (Note [Unit
+  // layout]): AccumulateGrad keeps the shape it is created with, and is forgotten on a dtype change.
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    for (const auto& slot : s.units[u]->slots()) {
+      if (!slot.param.requires_grad()) continue;
+      auto accumulator = torch::autograd::impl::grad_accumulator(slot.param);
       std::weak_ptr<Engine> weak = engine;
       s.hook_keys.push_back(accumulator->add_post_hook(std::make_unique<tandem::detail::ReadyHook>([weak, u] {
         if (auto e = weak.lock()) e->on_gradient(u);
       })));
       s.accumulators.push_back(std::move(accumulator));
     }
-  }
-
-  for (size_t u = 0; u < groups.size(); ++u) {
-    if (u >= first_root) s.root_units.push_back(u);
-    s.units.push_back(std::make_unique<UnitShard>(u >= first_root ? "(root) " + groups[u].first : groups[u].first,
-                                                  std::move(groups[u].second), *s.pg));
-    if (u < first_root) s.modules.push_back(found[u].second);
+    s.units[u]->reshard();
   }
   for (size_t u = 0; u < s.units.size(); ++u) {
     for (size_t i = 0; i < s.units[u]->slots().size(); ++i) {
@@ -215,14 +219,17 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
   // every unit's reduced gradient rows, which live until zero_grad (the whole packed gradients in
   // a world of one, where they are the reduce's output).
   // In the pool's terms: whole pages, nothing for buffers too small to be pooled.
+  // A unit's whole size is its gathered parameters' or its reduce-scatter's input, whichever is
+  // larger (they differ under mixed precision).
   size_t root_bytes = 0, largest = 0, gradient_rows = 0;
   for (size_t u = 0; u < s.units.size(); ++u) {
-    const size_t element = c10::elementSize(s.units[u]->dtype());
-    const size_t shard = static_cast<size_t>(s.units[u]->shard_numel()) * element;
-    const size_t whole = tandem::detail::pooled_bytes(shard * static_cast<size_t>(s.pg->size()));
+    const UnitShard& unit = *s.units[u];
+    const size_t reduced = static_cast<size_t>(unit.shard_numel()) * c10::elementSize(unit.reduce_dtype());
+    const size_t whole = tandem::detail::pooled_bytes(
+        std::max(static_cast<size_t>(unit.gathered_bytes()), reduced * static_cast<size_t>(s.pg->size())));
     if (u >= first_root) root_bytes += whole;
     largest = std::max(largest, whole);
-    gradient_rows += s.pg->size() == 1 ? whole : tandem::detail::pooled_bytes(shard);
+    gradient_rows += tandem::detail::pooled_bytes(reduced);
   }
   tandem::detail::HostBufferPool::instance().keep_at_most(2 * root_bytes + 8 * largest + gradient_rows);
   s.keep.assign(s.units.size(), false);
@@ -397,7 +404,11 @@ void Engine::on_gradient(size_t unit) {
   if (!s.backward_started) return;  // a backward that did not start from this model's output
   if (++s.ready[unit] != s.expected[unit]) return;
   s.note_peak();
-  if (s.synced_forward) s.units[unit]->start_reduce();
+  if (s.synced_forward) {
+    s.units[unit]->start_reduce();
+  } else {
+    s.units[unit]->upcast_full_gradients();  // accumulated in the reduce dtype
+  }
   s.units[unit]->reshard();  // its backward is over: every gradient of it is in
 }
 
@@ -472,12 +483,11 @@ void Engine::load_parameters(const std::vector<std::pair<std::string, at::Tensor
 
 std::vector<std::pair<std::string, at::Tensor>> Engine::gather_parameters() {
   State& s = *s_;
+  // From the shards, not the gathered parameters: those may be in a lower precision.
   std::map<const at::TensorImpl*, at::Tensor> whole;
   for (auto& unit : s.units) {
-    const bool was = unit->gathered();
-    unit->finish_gather();
-    for (const auto& slot : unit->slots()) whole[slot.param.unsafeGetTensorImpl()] = slot.param.detach().clone();
-    if (!was) unit->reshard();
+    auto tensors = unit->whole_parameters();
+    for (size_t i = 0; i < tensors.size(); ++i) whole[unit->slots()[i].param.unsafeGetTensorImpl()] = tensors[i];
   }
   // Every name, a tied weight's second one too, as the module's named_parameters lists them (DDP's
   // checkpoints hold both).
@@ -520,19 +530,14 @@ MemoryBytes Engine::memory() const {
   MemoryBytes m;
   m.peak_transient = s_->peak_transient;
   std::vector<int64_t> sizes;
-  for (const auto& unit : s_->units) {
-    sizes.push_back(unit->shard_numel() * s_->pg->size() * static_cast<int64_t>(c10::elementSize(unit->dtype())));
-  }
+  for (const auto& unit : s_->units) sizes.push_back(unit->gathered_bytes());
   std::sort(sizes.rbegin(), sizes.rend());
   for (size_t i = 0; i < sizes.size() && i < 2; ++i) m.two_largest_units += sizes[i];
   for (const auto& unit : s_->units) {
-    const int64_t element = static_cast<int64_t>(c10::elementSize(unit->dtype()));
-    m.parameter_shards += unit->shard_numel() * element;
-    m.gathered += unit->gathered_numel() * element;
-    m.full_gradients += unit->full_grad_numel() * element;
-    for (const auto& slot : unit->slots()) {
-      if (slot.shard.grad().defined()) m.gradient_shards += slot.shard.grad().numel() * element;
-    }
+    m.parameter_shards += unit->shard_bytes();
+    m.gathered += unit->gathered_now_bytes();
+    m.full_gradients += unit->full_grad_bytes();
+    m.gradient_shards += unit->shard_grad_bytes();
   }
   return m;
 }
@@ -545,7 +550,16 @@ std::vector<UnitInfo> Engine::units() const {
 
 const std::shared_ptr<comm::ProcessGroup>& Engine::process_group() const { return s_->pg; }
 
+std::optional<at::ScalarType> Engine::input_dtype() const {
+  const MixedPrecisionPolicy& policy = s_->options.mixed_precision();
+  return policy.cast_forward_inputs() ? policy.param_dtype() : std::nullopt;
+}
+
+std::optional<at::ScalarType> Engine::output_dtype() const { return s_->options.mixed_precision().output_dtype(); }
+
 void unit_pre_forward(Engine& engine, size_t unit) { engine.unit_pre_forward(unit); }
+std::optional<at::ScalarType> input_dtype(const Engine& engine) { return engine.input_dtype(); }
+std::optional<at::ScalarType> output_dtype(const Engine& engine) { return engine.output_dtype(); }
 void unit_post_forward(Engine& engine, size_t unit, const std::vector<at::Tensor>& outputs, bool complete) {
   engine.unit_post_forward(unit, outputs, complete);
 }

@@ -21,7 +21,8 @@ void timed_wait(comm::ProcessGroup& pg, c10::intrusive_ptr<c10d::Work> work, con
 }
 }  // namespace
 
-UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg)
+UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg,
+                     const MixedPrecisionPolicy& policy)
     : name_(std::move(name)), pg_(pg), world_(pg.size()), rank_(pg.rank()) {
   at::TensorOptions options;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -47,6 +48,8 @@ UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Te
     slots_.push_back(std::move(slot));
   }
   local_ = at::zeros({per_rank_}, options);
+  compute_ = policy.param_dtype().value_or(local_.scalar_type());
+  reduce_ = policy.reduce_dtype().value_or(compute_);
   for (auto& slot : slots_) {
     const int64_t first = rank_ * slot.chunk_rows;
     std::vector<int64_t> shard_shape = slot.shape.empty() ? std::vector<int64_t>{1} : slot.shape;
@@ -61,7 +64,14 @@ UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Te
   }
   inverse_world_ = at::scalar_tensor(1.0 / static_cast<double>(world_), at::kDouble);
   inverse_world_.unsafeGetTensorImpl()->set_wrapped_number(true);
-  reshard();
+  // Placeholders: the whole shape and the compute dtype, no memory (Note [Unit layout]).
+  at::NoGradGuard no_grad;
+  const at::Tensor nothing = at::empty({}, local_.options().dtype(compute_));
+  for (auto& slot : slots_) slot.param.set_data(nothing.expand(slot.shape));
+}
+
+int64_t UnitShard::gathered_bytes() const {
+  return world_ * per_rank_ * static_cast<int64_t>(c10::elementSize(compute_));
 }
 
 int64_t UnitShard::unsharded_numel() const {
@@ -76,8 +86,14 @@ void UnitShard::start_gather() {
     gather_pending_ = true;
     return;
   }
-  gather_output_ = tandem::detail::pooled_empty(world_ * per_rank_, local_.options());  // Note [Host buffer pool]
-  gather_work_ = pg_.all_gather_into_async(gather_output_, local_);
+  const auto options = local_.options().dtype(compute_);
+  gather_input_ = local_;
+  if (compute_ != local_.scalar_type()) {
+    gather_input_ = tandem::detail::pooled_empty(per_rank_, options);
+    gather_input_.copy_(local_);
+  }
+  gather_output_ = tandem::detail::pooled_empty(world_ * per_rank_, options);  // Note [Host buffer pool]
+  gather_work_ = pg_.all_gather_into_async(gather_output_, gather_input_);
 }
 
 void UnitShard::finish_gather() {
@@ -89,13 +105,14 @@ void UnitShard::finish_gather() {
   } else {
     timed_wait(pg_, std::exchange(gather_work_, nullptr), "fsdp all-gather of unit '" + name_ + "'", gather_wait_s_);
     rank_major = std::exchange(gather_output_, at::Tensor()).view({world_, per_rank_});
+    gather_input_ = at::Tensor();
   }
   gather_pending_ = false;
   // Each parameter's rows contiguous: its W chunks one after the other, then the padding. Into the
   // unit's one storage, allocated again if reshard() released it (Note [Unit layout]).
-  const size_t nbytes = static_cast<size_t>(world_ * per_rank_) * local_.element_size();
+  const size_t nbytes = static_cast<size_t>(gathered_bytes());
   if (!gathered_buffer_.defined()) {
-    gathered_buffer_ = tandem::detail::pooled_empty(world_ * per_rank_, local_.options());  // refilled from the pool too
+    gathered_buffer_ = tandem::detail::pooled_empty(world_ * per_rank_, local_.options().dtype(compute_));  // refilled from the pool too
   } else if (gathered_buffer_.storage().nbytes() != nbytes) {
     c10::StorageImpl* storage = gathered_buffer_.storage().unsafeGetStorageImpl();
     storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
@@ -114,12 +131,12 @@ void UnitShard::finish_gather() {
 void UnitShard::reshard() {
   if (gather_work_) {  // a prefetch nobody waited for: its buffers must outlive it
     timed_wait(pg_, std::exchange(gather_work_, nullptr), "fsdp all-gather of unit '" + name_ + "'", gather_wait_s_);
-    gather_output_ = at::Tensor();
+    gather_output_ = gather_input_ = at::Tensor();
   }
   gather_pending_ = false;
   for (auto& slot : slots_) {
     at::NoGradGuard no_grad;
-    slot.param.set_data(at::empty({0}, local_.options()));
+    slot.param.set_data(at::empty({0}, local_.options().dtype(compute_)));
   }
   // Release the storage itself, not only the parameters' handles on it: autograd's saved views of
   // the parameters (a Linear saves W.t()) share it, and would keep it alive until backward. Their
@@ -130,6 +147,25 @@ void UnitShard::reshard() {
     storage->set_nbytes(0);
   }
   gathered_ = false;
+}
+
+std::vector<at::Tensor> UnitShard::whole_parameters() {
+  at::Tensor rank_major;  // W x S, as in finish_gather, in the shards' dtype
+  if (world_ == 1 || per_rank_ == 0) {
+    rank_major = local_.view({1, per_rank_}).expand({world_, per_rank_});
+  } else {
+    at::Tensor output = at::empty({world_ * per_rank_}, local_.options());
+    pg_.wait(pg_.all_gather_into_async(output, local_), "fsdp all-gather of unit '" + name_ + "' (its shards)");
+    rank_major = output.view({world_, per_rank_});
+  }
+  std::vector<at::Tensor> whole;
+  for (const auto& slot : slots_) {
+    const int64_t chunk = slot.chunk_rows * slot.row_numel;
+    at::Tensor rows = at::empty({world_ * chunk}, local_.options());
+    if (chunk > 0) rows.view({world_, chunk}).copy_(rank_major.narrow(1, slot.offset, chunk));
+    whole.push_back(rows.narrow(0, 0, slot.rows * slot.row_numel).view(slot.shape));
+  }
+  return whole;
 }
 
 std::string UnitShard::replaced_parameter() const {
@@ -146,7 +182,8 @@ void UnitShard::start_reduce() {
   for (const auto& slot : slots_) any = any || slot.param.requires_grad();
   if (!any) return;
   // Every element is written once: a rank's rows (× 1/W) or zero (the padding, a missing gradient).
-  reduce_input_ = tandem::detail::pooled_empty(world_ * per_rank_, local_.options());  // Note [Host buffer pool]
+  const auto options = local_.options().dtype(reduce_);
+  reduce_input_ = tandem::detail::pooled_empty(world_ * per_rank_, options);  // Note [Host buffer pool]
   at::Tensor rank_major = reduce_input_.view({world_, per_rank_});
   for (auto& slot : slots_) {
     at::Tensor grad = slot.param.grad();
@@ -158,7 +195,13 @@ void UnitShard::start_reduce() {
       if (flat.defined() && owned > 0) {
         // × 1/W while copying, as DDP's reducer does: the same rounding as DDP's average.
         at::Tensor into = chunk.narrow(0, 0, owned * slot.row_numel);
-        at::mul_out(into, flat.narrow(0, first * slot.row_numel, owned * slot.row_numel), inverse_world_);
+        at::Tensor mine = flat.narrow(0, first * slot.row_numel, owned * slot.row_numel);
+        if (mine.scalar_type() == reduce_) {
+          at::mul_out(into, mine, inverse_world_);
+        } else {  // into the reduce dtype first: the average is taken in it, as FSDP2 takes it
+          into.copy_(mine);
+          into.mul_(inverse_world_);
+        }
         chunk.narrow(0, owned * slot.row_numel, (slot.chunk_rows - owned) * slot.row_numel).zero_();
       } else {
         chunk.zero_();
@@ -171,7 +214,7 @@ void UnitShard::start_reduce() {
     reduce_pending_ = true;
     return;
   }
-  reduce_output_ = tandem::detail::pooled_empty(per_rank_, local_.options());
+  reduce_output_ = tandem::detail::pooled_empty(per_rank_, options);
   reduce_work_ = pg_.reduce_scatter_async(reduce_output_, reduce_input_);
 }
 
@@ -191,7 +234,7 @@ void UnitShard::finish_reduce() {
     if (grad.defined()) {
       grad.add_(mine);
     } else {
-      grad = mine;
+      grad = mine.scalar_type() == slot.shard.scalar_type() ? mine : mine.to(slot.shard.scalar_type());
     }
   }
 }
@@ -206,15 +249,35 @@ void UnitShard::discard_reduce() {
   reduce_output_ = at::Tensor();
 }
 
-int64_t UnitShard::gathered_numel() const {  // the storage's real size: what saved views may hold too
-  return gathered_buffer_.defined() ? static_cast<int64_t>(gathered_buffer_.storage().nbytes()) / local_.element_size() : 0;
+void UnitShard::upcast_full_gradients() {
+  if (reduce_ == compute_) return;
+  for (auto& slot : slots_) {
+    at::Tensor& grad = slot.param.mutable_grad();
+    if (grad.defined() && grad.scalar_type() != reduce_) grad = grad.to(reduce_);
+  }
 }
 
-int64_t UnitShard::full_grad_numel() const {
+int64_t UnitShard::gathered_now_bytes() const {  // the storage's real size: what saved views may hold too
+  return gathered_buffer_.defined() ? static_cast<int64_t>(gathered_buffer_.storage().nbytes()) : 0;
+}
+
+int64_t UnitShard::shard_bytes() const { return per_rank_ * static_cast<int64_t>(local_.element_size()); }
+
+namespace {
+int64_t bytes_of(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+}  // namespace
+
+int64_t UnitShard::shard_grad_bytes() const {
   int64_t n = 0;
-  for (const auto& slot : slots_) {
-    if (slot.param.grad().defined()) n += slot.param.grad().numel();
-  }
+  for (const auto& slot : slots_) n += bytes_of(slot.shard.grad());
+  return n;
+}
+
+int64_t UnitShard::full_grad_bytes() const {
+  int64_t n = 0;
+  for (const auto& slot : slots_) n += bytes_of(slot.param.grad());
   return n;
 }
 

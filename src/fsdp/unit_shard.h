@@ -19,6 +19,14 @@
 //   a parameter, or a view of it (a Linear saves W.t()), by reference to that storage, so what it
 //   saved in forward is freed with the unit and valid again once the unit is gathered before its
 //   backward, as FSDP2 does with its unsharded parameters' storage.
+// - Mixed precision (tandem/fsdp/mixed_precision.h): the shards keep the parameters' own dtype;
+//   the gathered storage, and so the module's parameter tensors, are in the compute dtype, from
+//   wrapping on. Autograd forgets a parameter's gradient accumulator when set_data changes its
+//   dtype (and with it the engine's hooks), so the parameters take the compute dtype before the
+//   engine hooks them, as zero-size placeholders of their whole shape (the accumulator checks
+//   gradients against that shape), and never change dtype again. Their gradients come in the
+//   compute dtype; the reduce-scatter runs in the reduce dtype; the shards' gradients are added
+//   in their own.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +36,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "tandem/comm/process_group.h"
+#include "tandem/fsdp/mixed_precision.h"
 
 namespace tandem::fsdp::detail {
 
@@ -42,8 +51,11 @@ class UnitShard {
     at::Tensor shard;              // leaf: this rank's owned rows
   };
 
-  /// Shards `params` (each whole and the same on every rank) and frees their data.
-  UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg);
+  /// Shards `params` (each whole and the same on every rank) and leaves each parameter a
+  /// placeholder of its shape in the compute dtype, without memory, until reshard() (the engine
+  /// hooks the parameters in between: Note [Unit layout]).
+  UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg,
+            const MixedPrecisionPolicy& policy);
 
   const std::string& name() const { return name_; }
   std::vector<Slot>& slots() { return slots_; }
@@ -53,7 +65,10 @@ class UnitShard {
   /// Elements per rank (padding included) and of the whole unit.
   int64_t shard_numel() const { return per_rank_; }
   int64_t unsharded_numel() const;
-  at::ScalarType dtype() const { return local_.scalar_type(); }
+  at::ScalarType compute_dtype() const { return compute_; }
+  at::ScalarType reduce_dtype() const { return reduce_; }
+  /// Bytes of the unit gathered (its parameters whole, padding included, in the compute dtype).
+  int64_t gathered_bytes() const;
 
   /// Starts gathering the unit (nothing when gathered or under way).
   void start_gather();
@@ -61,6 +76,9 @@ class UnitShard {
   void finish_gather();
   /// Frees the gathered parameters (their data becomes empty).
   void reshard();
+  /// Every parameter whole, from the shards (their dtype, not the compute one), in slot order.
+  /// Collective; the unit's gathered state does not change.
+  std::vector<at::Tensor> whole_parameters();
   /// Whether every parameter still holds what this object gave it (the user did not replace one).
   std::string replaced_parameter() const;
 
@@ -72,11 +90,16 @@ class UnitShard {
   void finish_reduce();
   /// Waits for it and drops its result (a backward that failed half-way).
   void discard_reduce();
+  /// The parameters' whole gradients in the reduce dtype, where the compute dtype differs (FSDP2
+  /// accumulates in it under no_sync).
+  void upcast_full_gradients();
 
-  /// Elements held now, by kind (memory accounting): gathered parameters, shards, full-size
-  /// gradients on the parameters.
-  int64_t gathered_numel() const;
-  int64_t full_grad_numel() const;
+  /// Bytes held now, by kind (memory accounting): gathered parameters (what saved views may hold
+  /// too), shards, the shards' gradients, full-size gradients on the parameters.
+  int64_t gathered_now_bytes() const;
+  int64_t shard_bytes() const;
+  int64_t shard_grad_bytes() const;
+  int64_t full_grad_bytes() const;
   /// Host seconds spent waiting for this unit's all-gathers and reduce-scatters, since construction.
   double gather_wait_seconds() const { return gather_wait_s_; }
   double reduce_wait_seconds() const { return reduce_wait_s_; }
@@ -85,10 +108,12 @@ class UnitShard {
   std::string name_;
   comm::ProcessGroup& pg_;
   int64_t world_ = 1, rank_ = 0, per_rank_ = 0;
+  at::ScalarType compute_ = at::kFloat, reduce_ = at::kFloat;  // the shards are local_'s dtype
   std::vector<Slot> slots_;
   at::Tensor local_;                    // this rank's S elements: the shards and their padding
   at::Tensor gathered_buffer_;          // W·S elements, each parameter's rows contiguous; its storage
                                         // lives as long as this object, its memory only while gathered
+  at::Tensor gather_input_;             // the shards in the compute dtype, until the all-gather ends
   at::Tensor gather_output_;            // the all-gather's output (rank-major) until copied
   c10::intrusive_ptr<c10d::Work> gather_work_;
   bool gather_pending_ = false;         // started without a collective (world 1)

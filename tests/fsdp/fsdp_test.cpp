@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
@@ -342,6 +343,176 @@ TEST(Fsdp, MlpEqualsDataParallel) {
 TEST(Fsdp, CnnWithBatchNormEqualsDataParallel) { check_model(cnn()); }
 
 TEST(Fsdp, TransformerWithTiedEmbeddingEqualsDataParallel) { check_model(transformer()); }
+
+// ---- Mixed precision --------------------------------------------------------------------------
+
+// FSDP2's MixedPrecisionPolicy written out in one process: every step the float32 weights are cast
+// to param_dtype (a second copy of the model), each rank's batch runs there with its floating
+// inputs cast; its gradients (param_dtype) are accumulated over micro-batches in reduce_dtype, × 1/W
+// and summed in rank order in reduce_dtype, and become the float32 weights' gradients, which the
+// optimizer steps in float32.
+std::vector<std::pair<std::string, at::Tensor>> mixed_reference(const Model& m, const MakeOptimizer& make,
+                                                                 at::ScalarType param, at::ScalarType reduce,
+                                                                 int accumulation) {
+  auto master = m.make();
+  auto low = m.make();
+  low->to(param);
+  const auto named = named_of(*master);
+  const auto low_named = named_of(*low);
+  std::vector<at::Tensor> whole;
+  for (const auto& item : named) whole.push_back(item.second);
+  auto optimizer = make(two_groups(named, whole));
+  const int64_t W = pg().size();
+  const auto inverse = at::scalar_tensor(1.0 / static_cast<double>(W), at::kDouble);
+  inverse.unsafeGetTensorImpl()->set_wrapped_number(true);
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<at::Tensor> sum(whole.size());
+    for (int64_t r = 0; r < W; ++r) {
+      {
+        at::NoGradGuard no_grad;
+        for (size_t i = 0; i < whole.size(); ++i) low_named[i].second.copy_(whole[i]);
+      }
+      std::vector<at::Tensor> accumulated(whole.size());
+      for (int micro = 0; micro < accumulation; ++micro) {
+        for (const auto& item : low_named) item.second.mutable_grad() = at::Tensor();
+        auto [x, y] = m.batch(step, r, micro);
+        (m.loss(low->forward(input_as(x, param)), y) / accumulation).backward();
+        for (size_t i = 0; i < whole.size(); ++i) {
+          const at::Tensor g = low_named[i].second.grad().to(reduce);
+          accumulated[i] = micro == 0 ? g : accumulated[i].add(g);
+        }
+      }
+      for (size_t i = 0; i < whole.size(); ++i) {
+        at::Tensor g = at::mul(accumulated[i], inverse);
+        sum[i] = r == 0 ? g : sum[i].add(g);  // rank order, in reduce_dtype
+      }
+    }
+    for (size_t i = 0; i < whole.size(); ++i) whole[i].mutable_grad() = sum[i].to(at::kFloat);
+    optimizer->step();
+    optimizer->zero_grad();
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : master->named_parameters()) out.emplace_back(item.key(), item.value().detach().clone());
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> train_mixed(const Model& m, const MakeOptimizer& make,
+                                                            const fsdp::MixedPrecisionPolicy& policy, int accumulation) {
+  auto net = m.make();
+  m.wrap(net);
+  const auto named = named_of(*net);
+  std::vector<at::Tensor> whole;
+  for (const auto& item : named) whole.push_back(item.second.detach().clone());
+  auto optimizer = make(two_groups(named, whole));
+  fsdp::FullyShardedDataParallel model(net, shared_pg(), fsdp::FullyShardOptions().mixed_precision(policy));
+  fsdp::shard_optimizer(*optimizer, model->engine());
+  for (int step = 0; step < kSteps; ++step) {
+    for (int micro = 0; micro < accumulation; ++micro) {
+      auto [x, y] = m.batch(step, pg().rank(), micro);
+      std::optional<fsdp::NoSyncGuard> no_sync;
+      if (micro + 1 < accumulation) no_sync.emplace(model->no_sync());
+      (m.loss(model->forward(x), y) / accumulation).backward();
+    }
+    optimizer->step();
+    optimizer->zero_grad();
+  }
+  return model->gather_parameters();
+}
+
+// torch.testing.assert_close's rule, |a - b| <= atol + rtol |b|, as the largest ratio to its bound.
+double worst_against_bound(const std::vector<std::pair<std::string, at::Tensor>>& a,
+                           const std::vector<std::pair<std::string, at::Tensor>>& b, double rtol, double atol) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(a[i].second.scalar_type(), at::kFloat) << a[i].first << ": the shards stay float32";
+    const auto bound = b[i].second.abs() * rtol + atol;
+    worst = std::max(worst, ((a[i].second - b[i].second).abs() / bound).max().item<double>());
+  }
+  return worst;
+}
+
+// bfloat16 compute against the policy written out, with reduction in float32 and in bfloat16 and
+// accumulation 2, within torch.testing's bfloat16 tolerance (rtol 1.6e-2, atol 1e-5); and far from
+// the float32 run, so the policy did change the arithmetic. Gloo, and MPI up to 3 ranks, add in
+// rank order as the reference does, and agree bit for bit (seen: 0 everywhere; float32 sums of
+// bfloat16 gradients are exact in any order here, so MPI at 4 ranks agrees there too). MPI at 4
+// ranks adds bfloat16 in an order of its own: a last-bit difference in a sum, 20 steps on, is a
+// different trajectory (seen: 20x the tolerance under AdamW after one step, 4x under SGD after
+// 20), which no tolerance on the weights can tell from a bug. That one case is skipped there,
+// saying so; MPI's bfloat16 reduction is checked at 2 and 3 ranks.
+void check_mixed(const Model& m) {
+  const auto all = optimizers();
+  const auto& [opt_name, make] = all[1];  // AdamW
+  struct Case {
+    at::ScalarType reduce;
+    int accumulation;
+  };
+  for (const Case c : {Case{at::kFloat, 1}, Case{at::kBFloat16, 1}, Case{at::kFloat, 2}}) {
+    const auto policy = fsdp::MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(c.reduce);
+    const bool own_order = pg().cpu_backend() == tandem::comm::CpuBackend::Mpi && pg().size() >= 4;
+    if (own_order && c.reduce == at::kBFloat16) {
+      if (pg().rank() == 0) std::printf("%s, bf16 reduce: skipped (MPI's own order of addition)\n", m.name.c_str());
+      continue;
+    }
+    const auto expected = mixed_reference(m, make, at::kBFloat16, c.reduce, c.accumulation);
+    const auto got = train_mixed(m, make, policy, c.accumulation);
+    const double worst = worst_against_bound(got, expected, 1.6e-2, 1e-5);
+    const std::string what = m.name + ", " + opt_name + ", bf16 compute, " + c10::toString(c.reduce) +
+                             " reduce, accumulation " + std::to_string(c.accumulation);
+    if (pg().rank() == 0) {
+      std::printf("%s, %d ranks: largest difference %.3g of bf16's tolerance\n", what.c_str(), pg().size(), worst);
+    }
+    EXPECT_LE(worst, 1.0) << what << " on " << pg().size() << " ranks";
+    if (c.accumulation == 1 && c.reduce == at::kFloat) {
+      const auto fp32 = train_mixed(m, make, fsdp::MixedPrecisionPolicy(), 1);
+      EXPECT_GT(max_relative_difference(got, fp32), 1e-4) << what << ": as if in float32";
+    }
+  }
+}
+
+TEST(Fsdp, MixedPrecisionMlpEqualsThePolicyWrittenOut) { check_mixed(mlp()); }
+
+TEST(Fsdp, MixedPrecisionTransformerEqualsThePolicyWrittenOut) { check_mixed(transformer()); }
+
+// What each kind of tensor is under a bfloat16 policy: the gathered parameters and their whole
+// gradients bfloat16 (half the bytes), the shards and their gradients float32, inputs cast at the
+// units, outputs cast to output_dtype.
+TEST(Fsdp, MixedPrecisionKeepsFloat32ShardsAndGathersLowPrecision) {
+  auto net = mlp().make();
+  mlp().wrap(net);
+  fsdp::FullyShardedDataParallel model(
+      net, shared_pg(),
+      fsdp::FullyShardOptions().reshard_after_forward(false).mixed_precision(
+          fsdp::MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat).output_dtype(at::kFloat)));
+  const auto fp32_units = [&] {
+    int64_t bytes = 0;
+    for (const auto& unit : model->units()) bytes += unit.shard_numel * pg().size() * 4;
+    return bytes;
+  }();
+  auto [x, y] = mlp().batch(0, pg().rank(), 0);
+  {
+    auto guard = model->no_sync();  // whole gradients kept: in reduce_dtype
+    at::Tensor out = model->forward(x);
+    EXPECT_EQ(out.scalar_type(), at::kFloat);  // output_dtype
+    for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(model->memory().gathered, fp32_units / 2);
+    mlp().loss(out, y).backward();
+  }
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
+  mlp().loss(model->forward(x), y).backward();
+  for (const auto& [name, shard] : model->named_shard_parameters()) {
+    EXPECT_EQ(shard.scalar_type(), at::kFloat) << name;
+    if (shard.numel() > 0) EXPECT_EQ(shard.grad().scalar_type(), at::kFloat) << name;
+  }
+  EXPECT_THAT(tandem::test::error_of([&] {
+                fsdp::FullyShardedDataParallel bad(mlp().make(), shared_pg(),
+                                                   fsdp::FullyShardOptions().mixed_precision(
+                                                       fsdp::MixedPrecisionPolicy().param_dtype(at::kInt)));
+              }),
+              testing::HasSubstr("fsdp: mixed precision needs floating-point dtypes, got Int"));
+}
 
 // At rest a rank holds its shards only: the parameters are empty, no whole gradient is left
 // after a synced backward, and the shards add up to the model (plus padding below W rows each).

@@ -92,6 +92,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void reset_peak();
   CommWaits comm_waits() const;
   std::vector<UnitInfo> units() const;
+  /// What the forwards' floating-point tensor arguments and outputs are cast to (mixed precision;
+  /// nullopt: left alone).
+  std::optional<at::ScalarType> input_dtype() const;
+  std::optional<at::ScalarType> output_dtype() const;
   const std::shared_ptr<comm::ProcessGroup>& process_group() const;
 
   // The autograd side (engine.cpp's hooks).

@@ -26,6 +26,7 @@
 #include "tandem/ddp/output_tensors.h"
 #include "tandem/fsdp/auto_wrap.h"
 #include "tandem/fsdp/engine.h"
+#include "tandem/fsdp/forward_cast.h"
 #include "tandem/fsdp/options.h"
 #include "tandem/fsdp/unit.h"
 
@@ -75,7 +76,9 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   auto forward(Args&&... args) {
     engine_->root_pre_forward();
     try {
-      auto output = module_->forward(std::forward<Args>(args)...);
+      const auto dtype = engine_->input_dtype();
+      auto output = module_->forward(detail::cast_argument(std::forward<Args>(args), dtype)...);
+      detail::cast_output(output, engine_->output_dtype());
       std::vector<at::Tensor> tensors;
       const bool complete = ddp::detail::OutputTensors<decltype(output)>::collect(output, tensors);
       engine_->root_post_forward(tensors, complete);

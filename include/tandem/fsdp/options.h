@@ -7,6 +7,7 @@
 #include <torch/arg.h>
 
 #include "tandem/fsdp/auto_wrap_policy.h"
+#include "tandem/fsdp/mixed_precision.h"
 
 namespace tandem::fsdp {
 
@@ -25,6 +26,9 @@ struct FullyShardOptions {
   /// not units yet. The Accelerator uses AutoWrapPolicy() when none is given and the model has
   /// no tandem::fsdp::Unit of its own.
   TORCH_ARG(std::optional<AutoWrapPolicy>, auto_wrap) = std::nullopt;
+  /// Gather and compute in a lower precision, reduce in a chosen one, keep and step float32
+  /// shards (FSDP2's mp_policy; mixed_precision.h). The default changes nothing.
+  TORCH_ARG(MixedPrecisionPolicy, mixed_precision) = {};
 };
 
 }  // namespace tandem::fsdp

@@ -17,6 +17,7 @@
 // unit is at rest.
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tandem/ddp/output_tensors.h"
+#include "tandem/fsdp/forward_cast.h"
 
 namespace tandem::fsdp {
 namespace detail {
@@ -37,6 +39,9 @@ void unit_pre_forward(Engine& engine, size_t unit);
 /// `complete`: every tensor of the output is in `outputs` (else the unit stays gathered until the
 /// end of backward, as its backward cannot be hooked).
 void unit_post_forward(Engine& engine, size_t unit, const std::vector<at::Tensor>& outputs, bool complete);
+/// Mixed precision's casts at the unit's boundary (nullopt: none).
+std::optional<at::ScalarType> input_dtype(const Engine& engine);
+std::optional<at::ScalarType> output_dtype(const Engine& engine);
 
 }  // namespace detail
 
@@ -55,9 +60,12 @@ class UnitImpl : public torch::nn::Module {
   template <typename R = at::Tensor, typename... Args>
   R call(Args&&... args) {
     auto engine = engine_.lock();
-    if (engine) detail::unit_pre_forward(*engine, index_);
-    R output = inner_.forward<R>(std::forward<Args>(args)...);
-    if (engine) {
+    if (!engine) return inner_.forward<R>(std::forward<Args>(args)...);
+    detail::unit_pre_forward(*engine, index_);
+    const auto dtype = detail::input_dtype(*engine);
+    R output = inner_.forward<R>(detail::cast_argument(std::forward<Args>(args), dtype)...);
+    detail::cast_output(output, detail::output_dtype(*engine));
+    {
       std::vector<at::Tensor> tensors;
       const bool complete = ddp::detail::OutputTensors<R>::collect(output, tensors);
       detail::unit_post_forward(*engine, index_, tensors, complete);
