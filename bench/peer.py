@@ -538,13 +538,17 @@ class Measurement:
         elif a.strategy == "fsdp":  # FSDP2 on Tandem's units: Sequential entries, the GPT's embedding and head
             global FSDP2_USED
             FSDP2_USED = True
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            # Mixed precision as accelerate sets FSDP2's, and as Tandem's Accelerator sets its own:
+            # gather, compute and reduce in the autocast dtype; float32 shards.
+            policy = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=self.dtype)
 
             def auto_wrap(module):  # Tandem's auto_wrap: top down, never inside a unit
                 if isinstance(module, nn.Sequential):
                     for entry in module:
                         if any(True for _ in entry.parameters()):
-                            fully_shard(entry)
+                            fully_shard(entry, mp_policy=policy)
                 for child in module.children():
                     if not isinstance(child, FSDPModule):
                         auto_wrap(child)
@@ -553,8 +557,8 @@ class Measurement:
             auto_wrap(net)
             for name in ("tok_emb", "head"):
                 if hasattr(net, name):
-                    fully_shard(getattr(net, name))
-            model = fully_shard(net)
+                    fully_shard(getattr(net, name), mp_policy=policy)
+            model = fully_shard(net, mp_policy=policy)
         else:
             model = nn.parallel.DistributedDataParallel(net, device_ids=[self.local_rank] if self.cuda else None)
         if a.strategy == "zero1":  # ZeRO-1: PyTorch's ZeroRedundancyOptimizer over the same SGD

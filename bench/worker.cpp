@@ -351,9 +351,15 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     // ZeRO-2 keeps only this rank's gradient slices between steps (the buckets live while reduced).
     if (flat) (*r.model_state)[1] = flat->shard_numel() * static_cast<int64_t>(at::elementSize(at::kFloat));
   } else if (o.strategy == "fsdp") {
-    // Every Sequential entry a unit (the large model's blocks); the rest is the root unit.
+    // Every Sequential entry a unit (the large model's blocks); the rest is the root unit. Under
+    // bf16/fp16 the units gather, compute and reduce in it, as the Accelerator and the peer's FSDP2 do.
     net->to(device);
-    fsdp::FullyShardedDataParallel model(net, pg, fsdp::FullyShardOptions().auto_wrap(fsdp::AutoWrapPolicy()));
+    const auto low = autocast_dtype(o);
+    fsdp::FullyShardedDataParallel model(
+        net, pg,
+        fsdp::FullyShardOptions()
+            .auto_wrap(fsdp::AutoWrapPolicy())
+            .mixed_precision(fsdp::MixedPrecisionPolicy().param_dtype(low).reduce_dtype(low)));
     auto opt = make_sgd(model->shard_parameters());
     loop.run([&] {
       const fsdp::CommWaits before = model->comm_waits();

@@ -122,6 +122,14 @@ void Accelerator::choose_strategy() {
 fsdp::FullyShardOptions Accelerator::fsdp_options(torch::nn::Module& model) const {
   fsdp::FullyShardOptions options = options_.fsdp();
   if (!options.auto_wrap() && !fsdp::detail::has_units(model)) options.auto_wrap(fsdp::AutoWrapPolicy());
+  // accelerate's FSDP2 plugin: mixed_precision gathers, computes and reduces in its dtype (autocast
+  // still applies on top); a param_dtype of the user's own wins, float32 gathers whole precision.
+  fsdp::MixedPrecisionPolicy policy = options.mixed_precision();
+  if (!policy.param_dtype() && options_.mixed_precision() != Precision::No) {
+    const at::ScalarType dtype = options_.mixed_precision() == Precision::Bf16 ? at::kBFloat16 : at::kHalf;
+    policy.param_dtype(dtype).reduce_dtype(policy.reduce_dtype().value_or(dtype));
+    options.mixed_precision(policy);
+  }
   return options;
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct Outcome {
 struct Loop {
   int zero_stage = 0;
   bool fsdp = false;            // Strategy::Fsdp (ZeRO-3) instead
+  std::optional<at::ScalarType> fsdp_param_dtype;  // FSDP's policy: gather and compute in it
   int accumulation = 1;
   Precision precision = Precision::No;
   int batches = 12;
@@ -54,6 +56,8 @@ Outcome train(const Loop& l) {
                                          .progress(false)
                                          .zero_stage(l.zero_stage)
                                          .strategy(l.fsdp ? Strategy::Fsdp : Strategy::Auto)
+                                         .fsdp(fsdp::FullyShardOptions().mixed_precision(
+                                             fsdp::MixedPrecisionPolicy().param_dtype(l.fsdp_param_dtype)))
                                          .gradient_accumulation_steps(l.accumulation)
                                          .mixed_precision(l.precision)
                                          .scaler(amp::GradScalerOptions().init_scale(256)));
@@ -227,16 +231,43 @@ TEST(AcceleratorFsdp, WithGradientAccumulation) {
   expect_close_norms(b.norms, a.norms);
 }
 
+// Under autocast alone (the policy's param_dtype float32), FSDP's arithmetic is the unsharded
+// one's; under the Accelerator's default fp16 policy (gathered, computed and reduced in float16)
+// the GradScaler still sees the inf through the float16 reduce-scatter and every rank skips the
+// same step. (The forward is autocast's either way; the gradients' reduction dtype differs.)
 TEST(AcceleratorFsdp, Fp16SkipsTheSameStepsAsUnsharded) {
   Loop whole, sharded;
   whole.precision = sharded.precision = Precision::Fp16;
   whole.inf_at = sharded.inf_at = 4;
   whole.batches = sharded.batches = 8;
   sharded.fsdp = true;
+  sharded.fsdp_param_dtype = at::kFloat;
   const Outcome a = train(whole), b = train(sharded);
   EXPECT_EQ(b.skipped, a.skipped);
   EXPECT_TRUE(b.skipped[4]);
   EXPECT_LE(test::max_relative_difference(b.params, a.params), kStage2Tolerance);
+  sharded.fsdp_param_dtype.reset();
+  const Outcome c = train(sharded);
+  EXPECT_EQ(c.skipped, a.skipped);
+  for (const auto& p : c.params) {
+    EXPECT_EQ(p.scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::isfinite(p).all().item<bool>());
+  }
+}
+
+// The Accelerator's mixed precision becomes FSDP's policy, as accelerate sets FSDP2's: the units
+// gather in bfloat16 (half the bytes of float32), the shards stay float32.
+TEST(AcceleratorFsdp, MixedPrecisionSetsTheFsdpPolicy) {
+  auto gathered = [](Precision precision) {
+    Accelerator acc(test::shared_pg(),
+                    AcceleratorOptions().seed(3).progress(false).strategy(Strategy::Fsdp).mixed_precision(precision));
+    torch::manual_seed(3);
+    auto net = zero_net();
+    auto model = acc.prepare_model(net);
+    for (const auto& [name, shard] : model->fsdp()->named_shard_parameters()) EXPECT_EQ(shard.scalar_type(), at::kFloat);
+    return model->fsdp()->memory().two_largest_units;
+  };
+  EXPECT_EQ(gathered(Precision::Bf16) * 2, gathered(Precision::No));
 }
 
 TEST(AcceleratorFsdp, RefusesAZeroStage) {

@@ -64,6 +64,8 @@ struct AcceleratorOptions {
   /// Passed to DistributedDataParallel under Strategy::Ddp.
   TORCH_ARG(ddp::DistributedDataParallelOptions, ddp) = {};
   /// Passed to FullyShardedDataParallel under Strategy::Fsdp (auto_wrap defaults to AutoWrapPolicy()).
+  /// Under mixed_precision Bf16 or Fp16 its policy's param_dtype and reduce_dtype default to that
+  /// dtype, as accelerate sets FSDP2's (set param_dtype to float32 to gather in full precision).
   TORCH_ARG(fsdp::FullyShardOptions, fsdp) = {};
   /// Passed to DataParallel under Strategy::DataParallel.
   TORCH_ARG(dp::DataParallelOptions, dp) = {};
