@@ -253,6 +253,13 @@ void Engine::root_pre_forward() {
     const std::string replaced = unit->replaced_parameter();
     TANDEM_CHECK(replaced.empty(), "fsdp: parameter '", replaced,
                  "' was replaced after sharding (its data changed): change parameters before wrapping the model");
+    // The hooks and each unit's count of gradients were set at wrapping: a parameter unfrozen
+    // since would never be reduced, one frozen since would hold its unit's reduction to the end.
+    for (const auto& slot : unit->slots()) {
+      TANDEM_CHECK(slot.param.requires_grad() == slot.shard.requires_grad(), "fsdp: parameter '", slot.name, "' was ",
+                   slot.param.requires_grad() ? "unfrozen" : "frozen",
+                   " after sharding: set requires_grad before wrapping the model");
+    }
   }
   // A forward whose backward never ran (evaluation with grad mode on) or never ended (it threw).
   if (s.backward_pending || s.backward_started) abandon_backward();

@@ -784,6 +784,24 @@ TEST(Fsdp, NamesTheUnitWhenAModuleIsCalledOutsideIt) {
                                                "directly, not through its tandem::fsdp::Unit, fails like this)")));
 }
 
+// Which parameters need gradients is fixed at wrapping (the engine hooks those): an unfrozen one
+// would never be reduced, silently.
+TEST(Fsdp, RefusesParametersFrozenOrUnfrozenAfterSharding) {
+  auto net = mlp().make();
+  for (auto& p : net[2]->parameters()) p.set_requires_grad(false);
+  mlp().wrap(net);
+  fsdp::FullyShardedDataParallel model(net, shared_pg());
+  auto x = torch::randn({2, 13});
+  model->forward(x).sum().backward();  // as wrapped: fine
+  net[2]->as<fsdp::Unit>()->module()->as<nn::Linear>()->bias.set_requires_grad(true);
+  EXPECT_ERROR(model->forward(x), "fsdp: parameter '2.bias' was unfrozen after sharding: set requires_grad before "
+                                  "wrapping the model");
+  net[2]->as<fsdp::Unit>()->module()->as<nn::Linear>()->bias.set_requires_grad(false);
+  net[0]->as<fsdp::Unit>()->module()->as<nn::Linear>()->weight.set_requires_grad(false);
+  EXPECT_ERROR(model->forward(x), "fsdp: parameter '0.weight' was frozen after sharding: set requires_grad before "
+                                  "wrapping the model");
+}
+
 TEST(Fsdp, RefusesParametersReplacedAfterSharding) {
   auto net = mlp().make();
   mlp().wrap(net);
