@@ -135,6 +135,29 @@ Model cnn() {
           [](const at::Tensor& out, const at::Tensor& y) { return nn::functional::cross_entropy(out, y); }};
 }
 
+// One unit called twice in a forward (its weights shared across two positions, as a recurrent or
+// weight-tied stack does): autograd adds both uses' gradients before the unit's accumulators run,
+// so the unit is counted and reduced once, after its second backward.
+struct TwiceImpl : nn::Module {
+  TwiceImpl() : nn::Module("Twice") { shared = register_module("shared", fsdp::Unit(nn::Linear(7, 7))); }
+  at::Tensor forward(const at::Tensor& x) { return shared(at::tanh(shared(x))); }
+  fsdp::Unit shared{nullptr};
+};
+TORCH_MODULE(Twice);
+
+Model twice() {
+  return {"unit called twice",
+          [] {
+            torch::manual_seed(7);
+            return nn::Sequential(nn::Linear(5, 7), Twice(), nn::Linear(7, 3));
+          },
+          [](nn::Sequential&) {},  // the unit is made by Twice itself
+          [](int64_t step, int64_t rank, int micro) {
+            return seeded_batch(step, rank, micro, [] { return std::make_pair(torch::randn({6, 5}), torch::randn({6, 3})); });
+          },
+          [](const at::Tensor& out, const at::Tensor& y) { return (out - y).pow(2).mean(); }};
+}
+
 Model transformer() {
   return {"transformer, tied embedding",
           [] {
@@ -341,6 +364,8 @@ TEST(Fsdp, MlpEqualsDataParallel) {
 }
 
 TEST(Fsdp, CnnWithBatchNormEqualsDataParallel) { check_model(cnn()); }
+
+TEST(Fsdp, AUnitCalledTwiceEqualsDataParallel) { check_model(twice()); }
 
 TEST(Fsdp, TransformerWithTiedEmbeddingEqualsDataParallel) { check_model(transformer()); }
 
