@@ -142,8 +142,11 @@ Accelerator::NamedTensors Accelerator::fsdp_state(fsdp::detail::Engine& engine, 
 Accelerator::NamedTensors Accelerator::fsdp_shapes(const fsdp::detail::Engine& engine, torch::nn::Module& module) {
   NamedTensors shapes;
   for (const auto& item : module.named_parameters(true)) {
+    // A sharded parameter's checkpoint tensor is its shard's dtype (the gathered one may be lower
+    // under mixed precision) with its whole shape.
     const auto spec = engine.spec_of(item.value());
-    shapes.emplace_back(item.key(), spec ? at::empty(spec->shape, item.value().options().device(at::kMeta)) : item.value());
+    shapes.emplace_back(item.key(), spec ? at::empty(spec->shape, engine.shard_of(item.value()).options().device(at::kMeta))
+                                         : item.value());
   }
   for (const auto& item : module.named_buffers(true)) shapes.emplace_back(item.key(), item.value());
   return shapes;

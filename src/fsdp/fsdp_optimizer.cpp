@@ -111,8 +111,8 @@ zero::PartitionedOptimizer::BuiltState FsdpOptimizer::build_state(const StateOf&
 }
 
 at::Tensor FsdpOptimizer::whole_like(const at::Tensor& param) const {
-  const auto spec = engine_->spec_of(param);
-  return spec ? at::empty(spec->shape, param.options()) : param;
+  const auto spec = engine_->spec_of(param);  // the shard's dtype: the gathered one may be lower (mixed precision)
+  return spec ? at::empty(spec->shape, engine_->shard_of(param).options()) : param;
 }
 
 void FsdpOptimizer::install_state(BuiltState built) {

@@ -270,6 +270,29 @@ TEST(AcceleratorFsdp, MixedPrecisionSetsTheFsdpPolicy) {
   EXPECT_EQ(gathered(Precision::Bf16) * 2, gathered(Precision::No));
 }
 
+// A checkpoint under FSDP's bf16 policy holds the float32 shards' values, and resumes: into the
+// same policy bit for bit, and into a float32 run (the weights are float32 either way).
+TEST(AcceleratorFsdp, ABf16CheckpointResumes) {
+  const std::string root = "/tmp/tandem-fsdp-bf16-ckpt-" + std::to_string(getppid());
+  if (test::pg().rank() == 0) (void)!std::system(("rm -rf " + root).c_str());
+  test::pg().barrier();
+  Loop straight;
+  straight.fsdp = true;
+  straight.precision = Precision::Bf16;
+  straight.save_to = root;
+  straight.save_after = 6;
+  const Outcome uninterrupted = train(straight);
+  Loop resumed = straight;
+  resumed.save_to.clear();
+  resumed.resume_from = root;
+  EXPECT_LE(test::max_relative_difference(train(resumed).params, uninterrupted.params), 0.0) << "bit for bit";
+  Loop fp32 = resumed;
+  fp32.precision = Precision::No;
+  for (const auto& p : train(fp32).params) EXPECT_EQ(p.scalar_type(), at::kFloat);
+  test::pg().barrier();
+  if (test::pg().rank() == 0) (void)!std::system(("rm -rf " + root).c_str());
+}
+
 TEST(AcceleratorFsdp, RefusesAZeroStage) {
   EXPECT_ERROR(Accelerator(test::shared_pg(), AcceleratorOptions().zero_stage(2).strategy(Strategy::Fsdp)),
                "Accelerator: zero_stage 2 with Strategy::Fsdp: FSDP shards parameters, gradients and optimizer state "
