@@ -430,6 +430,7 @@ void Engine::end_of_backward() {
   for (size_t u = 0; u < s.units.size(); ++u) {
     try {
       if (synced && s.expected[u] > 0 && s.ready[u] != s.expected[u]) s.units[u]->start_reduce();
+      if (!synced) s.units[u]->upcast_full_gradients();  // a unit some of whose parameters got none
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
