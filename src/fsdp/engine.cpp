@@ -196,7 +196,9 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
   }
   // The hooks while the parameters have their whole shape and their final dtype (Note [Unit
   // layout]): AccumulateGrad keeps the shape it is created with, and is forgotten on a dtype change.
+  // Only once every unit is built: a unit that throws leaves every parameter as it was.
   for (size_t u = 0; u < s.units.size(); ++u) {
+    s.units[u]->take_placeholders();
     for (const auto& slot : s.units[u]->slots()) {
       if (!slot.param.requires_grad()) continue;
       auto accumulator = torch::autograd::impl::grad_accumulator(slot.param);

@@ -64,9 +64,11 @@ UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Te
   }
   inverse_world_ = at::scalar_tensor(1.0 / static_cast<double>(world_), at::kDouble);
   inverse_world_.unsafeGetTensorImpl()->set_wrapped_number(true);
-  // Placeholders: the whole shape and the compute dtype, no memory (Note [Unit layout]).
+}
+
+void UnitShard::take_placeholders() {
   at::NoGradGuard no_grad;
-  const at::Tensor nothing = at::empty({}, local_.options().dtype(compute_));
+  const at::Tensor nothing = at::zeros({}, local_.options().dtype(compute_));
   for (auto& slot : slots_) slot.param.set_data(nothing.expand(slot.shape));
 }
 

@@ -23,8 +23,8 @@
 //   the gathered storage, and so the module's parameter tensors, are in the compute dtype, from
 //   wrapping on. Autograd forgets a parameter's gradient accumulator when set_data changes its
 //   dtype (and with it the engine's hooks), so the parameters take the compute dtype before the
-//   engine hooks them, as zero-size placeholders of their whole shape (the accumulator checks
-//   gradients against that shape), and never change dtype again. Their gradients come in the
+//   engine hooks them, as placeholders of their whole shape that use no memory (a 0-d tensor
+//   expanded: the accumulator checks gradients against that shape), and never change dtype again. Their gradients come in the
 //   compute dtype; the reduce-scatter runs in the reduce dtype; the shards' gradients are added
 //   in their own.
 #include <cstdint>
@@ -51,11 +51,14 @@ class UnitShard {
     at::Tensor shard;              // leaf: this rank's owned rows
   };
 
-  /// Shards `params` (each whole and the same on every rank) and leaves each parameter a
-  /// placeholder of its shape in the compute dtype, without memory, until reshard() (the engine
-  /// hooks the parameters in between: Note [Unit layout]).
+  /// Copies this rank's rows of `params` (each whole and the same on every rank) into its shards;
+  /// the parameters are untouched until take_placeholders().
   UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg,
             const MixedPrecisionPolicy& policy);
+  /// Makes each parameter a placeholder of its whole shape in the compute dtype, without memory
+  /// (a 0-d zero expanded), until reshard(): the engine hooks the parameters in between (Note
+  /// [Unit layout]).
+  void take_placeholders();
 
   const std::string& name() const { return name_; }
   std::vector<Slot>& slots() { return slots_; }
