@@ -120,13 +120,9 @@ void UnitShard::finish_gather() {
     storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
     storage->set_nbytes(nbytes);
   }
-  for (auto& slot : slots_) {
-    const int64_t chunk = slot.chunk_rows * slot.row_numel;
-    at::Tensor rows = gathered_buffer_.narrow(0, world_ * slot.offset, world_ * chunk);
-    if (chunk > 0) rows.view({world_, chunk}).copy_(rank_major.narrow(1, slot.offset, chunk));
-    at::NoGradGuard no_grad;
-    slot.param.set_data(rows.narrow(0, 0, slot.rows * slot.row_numel).view(slot.shape));
-  }
+  unpack(rank_major, gathered_buffer_);
+  at::NoGradGuard no_grad;
+  for (auto& slot : slots_) slot.param.set_data(whole_in(gathered_buffer_, slot));
   gathered_ = true;
 }
 
@@ -160,14 +156,23 @@ std::vector<at::Tensor> UnitShard::whole_parameters() {
     pg_.wait(pg_.all_gather_into_async(output, local_), "fsdp all-gather of unit '" + name_ + "' (its shards)");
     rank_major = output.view({world_, per_rank_});
   }
+  const at::Tensor unpacked = at::empty({world_ * per_rank_}, local_.options());
+  unpack(rank_major, unpacked);
   std::vector<at::Tensor> whole;
+  for (const auto& slot : slots_) whole.push_back(whole_in(unpacked, slot));
+  return whole;
+}
+
+void UnitShard::unpack(const at::Tensor& rank_major, const at::Tensor& into) const {
   for (const auto& slot : slots_) {
     const int64_t chunk = slot.chunk_rows * slot.row_numel;
-    at::Tensor rows = at::empty({world_ * chunk}, local_.options());
-    if (chunk > 0) rows.view({world_, chunk}).copy_(rank_major.narrow(1, slot.offset, chunk));
-    whole.push_back(rows.narrow(0, 0, slot.rows * slot.row_numel).view(slot.shape));
+    if (chunk == 0) continue;
+    into.narrow(0, world_ * slot.offset, world_ * chunk).view({world_, chunk}).copy_(rank_major.narrow(1, slot.offset, chunk));
   }
-  return whole;
+}
+
+at::Tensor UnitShard::whole_in(const at::Tensor& unpacked, const Slot& slot) const {
+  return unpacked.narrow(0, world_ * slot.offset, slot.rows * slot.row_numel).view(slot.shape);
 }
 
 std::string UnitShard::replaced_parameter() const {

@@ -108,6 +108,12 @@ class UnitShard {
   double reduce_wait_seconds() const { return reduce_wait_s_; }
 
  private:
+  /// From an all-gather's W x S rank-major rows into `into` (W·S elements): each parameter's rows
+  /// contiguous, its W chunks one after the other, then the padding.
+  void unpack(const at::Tensor& rank_major, const at::Tensor& into) const;
+  /// A parameter, whole, as a view of what unpack() wrote.
+  at::Tensor whole_in(const at::Tensor& unpacked, const Slot& slot) const;
+
   std::string name_;
   comm::ProcessGroup& pg_;
   int64_t world_ = 1, rank_ = 0, per_rank_ = 0;

@@ -215,6 +215,13 @@ std::vector<std::pair<std::string, at::Tensor>> named_of(nn::Module& module) {
   return out;
 }
 
+// 1/W as a wrapped number, as the engine multiplies by it: the product keeps the gradient's dtype.
+at::Tensor one_over_world() {
+  auto inverse = at::scalar_tensor(1.0 / static_cast<double>(pg().size()), at::kDouble);
+  inverse.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return inverse;
+}
+
 at::Tensor input_as(const at::Tensor& x, at::ScalarType dtype) { return x.is_floating_point() ? x.to(dtype) : x; }
 
 // Data parallelism's definition in one process: the W ranks' batches one by one, gradients
@@ -233,8 +240,7 @@ std::vector<std::pair<std::string, at::Tensor>> reference(const Model& m, const 
   for (const auto& item : named) whole.push_back(item.second);
   auto optimizer = make(two_groups(named, whole));
   const int64_t W = pg().size();
-  const auto inverse = at::scalar_tensor(1.0 / static_cast<double>(W), at::kDouble);
-  inverse.unsafeGetTensorImpl()->set_wrapped_number(true);
+  const auto inverse = one_over_world();
   for (int step = 0; step < kSteps; ++step) {
     std::vector<at::Tensor> sum(whole.size());
     for (int64_t r = 0; r < W; ++r) {
@@ -388,8 +394,7 @@ std::vector<std::pair<std::string, at::Tensor>> mixed_reference(const Model& m, 
   for (const auto& item : named) whole.push_back(item.second);
   auto optimizer = make(two_groups(named, whole));
   const int64_t W = pg().size();
-  const auto inverse = at::scalar_tensor(1.0 / static_cast<double>(W), at::kDouble);
-  inverse.unsafeGetTensorImpl()->set_wrapped_number(true);
+  const auto inverse = one_over_world();
   for (int step = 0; step < kSteps; ++step) {
     std::vector<at::Tensor> sum(whole.size());
     for (int64_t r = 0; r < W; ++r) {
