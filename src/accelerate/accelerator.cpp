@@ -133,34 +133,51 @@ fsdp::FullyShardOptions Accelerator::fsdp_options(torch::nn::Module& model) cons
   return options;
 }
 
-Accelerator::NamedTensors Accelerator::fsdp_state(fsdp::detail::Engine& engine, torch::nn::Module& module) {
-  NamedTensors state = engine.gather_parameters();
-  for (const auto& item : module.named_buffers(true)) state.emplace_back(item.key(), item.value());
-  return state;
-}
-
-Accelerator::NamedTensors Accelerator::fsdp_shapes(const fsdp::detail::Engine& engine, torch::nn::Module& module) {
-  NamedTensors shapes;
+std::vector<Accelerator::ModelSlot> Accelerator::model_layout(const fsdp::detail::Engine* engine,
+                                                              torch::nn::Module& module) {
+  std::vector<ModelSlot> slots;
   for (const auto& item : module.named_parameters(true)) {
-    // A sharded parameter's checkpoint tensor is its shard's dtype (the gathered one may be lower
-    // under mixed precision) with its whole shape.
-    const auto spec = engine.spec_of(item.value());
-    shapes.emplace_back(item.key(), spec ? at::empty(spec->shape, engine.shard_of(item.value()).options().device(at::kMeta))
-                                         : item.value());
+    const auto spec = engine ? engine->spec_of(item.value()) : std::nullopt;
+    if (spec) {
+      // The shard's dtype: the gathered parameter may be lower precision (mixed precision).
+      slots.push_back({item.key(), spec->shape, engine->shard_of(item.value()).scalar_type(), spec->first_row,
+                       spec->owned_rows});
+    } else {
+      slots.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+    }
   }
-  for (const auto& item : module.named_buffers(true)) shapes.emplace_back(item.key(), item.value());
-  return shapes;
+  for (const auto& item : module.named_buffers(true)) {
+    slots.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+  }
+  return slots;
 }
 
-void Accelerator::load_model(fsdp::detail::Engine* engine, torch::nn::Module& module, const NamedTensors& whole) {
+Accelerator::NamedTensors Accelerator::model_held(const fsdp::detail::Engine* engine, torch::nn::Module& module) {
+  NamedTensors held;
+  for (const auto& item : module.named_parameters(true)) {
+    const auto spec = engine ? engine->spec_of(item.value()) : std::nullopt;
+    if (spec) {
+      std::vector<int64_t> rows = spec->shape;
+      if (rows.empty()) rows = {spec->owned_rows};
+      else rows[0] = spec->owned_rows;
+      held.emplace_back(item.key(), engine->shard_of(item.value()).view(rows));
+    } else {
+      held.emplace_back(item.key(), item.value());
+    }
+  }
+  for (const auto& item : module.named_buffers(true)) held.emplace_back(item.key(), item.value());
+  return held;
+}
+
+void Accelerator::load_model(fsdp::detail::Engine* engine, torch::nn::Module& module, const NamedTensors& held) {
   at::NoGradGuard no_grad;
-  if (engine) engine->load_parameters(whole);
+  if (engine) engine->load_shards(held);
   std::map<std::string, at::Tensor> own;
   if (!engine) {
     for (const auto& item : module.named_parameters(true)) own.emplace(item.key(), item.value());
   }
   for (const auto& item : module.named_buffers(true)) own.emplace(item.key(), item.value());
-  for (const auto& [name, tensor] : whole) {
+  for (const auto& [name, tensor] : held) {
     auto it = own.find(name);
     if (it != own.end()) it->second.copy_(tensor);
   }

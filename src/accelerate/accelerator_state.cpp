@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -19,10 +20,12 @@
 #include <torch/utils.h>
 
 #include "accelerate/optimizer_state.h"
+#include "accelerate/sharded_tensors.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/accelerate/checkpoint_dir.h"
 #include "tandem/accelerate/safetensors.h"
 #include "tandem/error.h"
+#include "tandem/fsdp/fsdp_optimizer.h"
 
 namespace tandem {
 
@@ -55,26 +58,34 @@ std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
   return out.str();
 }
 
-// Every rank's `bytes`, on every rank, in rank order (lengths may differ), in pieces of 64 MiB
-// (the MPI backend gathers at most 128 MiB per rank at once).
-std::vector<std::string> gather_bytes(comm::ProcessGroup& pg, const std::string& bytes) {
+// Every rank's `bytes` to the main process, one rank after another, in pieces of 64 MiB (the MPI
+// backend moves at most 128 MiB per rank at once): the main process calls `consume(r, bytes)` for
+// each rank r in order and holds only its own bytes and one other rank's at a time, so a sharded
+// checkpoint is never whole in one process. Collective.
+void send_to_main(const std::shared_ptr<comm::ProcessGroup>& pg, std::string mine,
+                  const std::function<void(int, std::string)>& consume) {
+  const int world = pg ? pg->size() : 1, rank = pg ? pg->rank() : 0;
+  if (world == 1) return consume(0, std::move(mine));
   constexpr int64_t kPiece = int64_t{64} << 20;
-  const auto lengths = pg.all_gather(at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong));
-  int64_t longest = 0;
-  for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
-  std::vector<std::string> out(lengths.size());
-  for (int64_t at = 0; at < longest; at += kPiece) {
-    const int64_t n = std::min(kPiece, longest - at);
-    at::Tensor mine = at::zeros({n}, at::kByte);
-    const int64_t have = std::clamp<int64_t>(static_cast<int64_t>(bytes.size()) - at, 0, n);
-    if (have > 0) std::memcpy(mine.data_ptr(), bytes.data() + at, static_cast<size_t>(have));
-    const auto all = pg.all_gather(mine);
-    for (size_t r = 0; r < all.size(); ++r) {
-      const int64_t theirs = std::clamp<int64_t>(lengths[r].item<int64_t>() - at, 0, n);
-      out[r].append(static_cast<const char*>(all[r].data_ptr()), static_cast<size_t>(theirs));
+  for (int r = 0; r < world; ++r) {
+    at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+    pg->broadcast(length, r);
+    const int64_t total = length.item<int64_t>();
+    std::string bytes;
+    if (rank == 0 && r != 0) bytes.reserve(static_cast<size_t>(total));
+    for (int64_t at = 0; at < total; at += kPiece) {
+      const int64_t n = std::min(kPiece, total - at);
+      at::Tensor piece = at::empty({n}, at::kByte);
+      if (rank == r) std::memcpy(piece.data_ptr(), mine.data() + at, static_cast<size_t>(n));
+      pg->broadcast(piece, r);
+      if (rank == 0 && r != 0) bytes.append(static_cast<const char*>(piece.data_ptr()), static_cast<size_t>(n));
     }
+    if (rank == 0) consume(r, r == 0 ? std::move(mine) : std::move(bytes));
   }
-  return out;
+}
+
+std::string model_file(size_t model, int rank, bool sharded) {
+  return "model_" + std::to_string(model) + (sharded ? ".rank" + std::to_string(rank) : "") + ".safetensors";
 }
 
 std::string optimizer_file(size_t optimizer, int rank, bool sharded, bool named) {
@@ -144,18 +155,6 @@ void Accelerator::register_for_checkpointing(const std::string& name, std::funct
   custom_.emplace_back(name, std::move(save), std::move(load));
 }
 
-std::vector<Accelerator::NamedTensors> Accelerator::model_tensors() const {
-  std::vector<NamedTensors> out;
-  for (const auto& m : models_) out.push_back(m.state());
-  return out;
-}
-
-std::vector<Accelerator::NamedTensors> Accelerator::model_shapes() const {
-  std::vector<NamedTensors> out;
-  for (const auto& m : models_) out.push_back(m.shapes());
-  return out;
-}
-
 std::vector<Accelerator::NamedTensors> Accelerator::model_identities() const {
   std::vector<NamedTensors> out;
   for (const auto& m : models_) out.push_back(m.identities());
@@ -178,6 +177,14 @@ std::vector<at::Tensor> Accelerator::held_parameters(size_t o) const {
   return held;
 }
 
+// Note [Sharded checkpoints]
+// Under FSDP no process holds a whole model, and a checkpoint must not make one: every rank
+// writes its shards' rows of the weights (model_<m>.rank<r>.safetensors) and of the optimizer's
+// state (optimizer_<o>.rank<r>.safetensors), Note [Row-sharded files]; a loader at any world
+// size and under any strategy reads the rows it needs from whichever files hold them. The files
+// travel to the main process one rank at a time (send_to_main), so saving needs no shared file
+// system and the main process never holds more than two ranks' shards. Whole models (DDP, ZeRO,
+// one process) keep one model_<m>.safetensors, written by the main process.
 std::string Accelerator::save_state(const std::string& root) {
   // Accumulated gradients are not part of a checkpoint: a save between synchronisations would
   // resume differently, silently. (The condition is the same on every rank.)
@@ -185,107 +192,143 @@ std::string Accelerator::save_state(const std::string& root) {
                accumulation_step_ % options_.gradient_accumulation_steps(), " of ",
                options_.gradient_accumulation_steps(),
                "): the accumulated gradients are not saved; call it after a batch where sync_gradients() is true");
-  const auto rng = rng_states(pg_, world_.world_size, device_);  // a collective: every rank
-  // Note [Optimizer state by name]: a sharded optimizer's shards are sent to the main process,
-  // which writes every file (no shared file system needed to save).
-  const auto models = model_tensors();
-  const auto identities = model_identities();
-  std::vector<nlohmann::json> described(optimizers_.size());
-  std::vector<accelerate::ParamNames> names(optimizers_.size());
-  std::vector<bool> named(optimizers_.size());
-  std::vector<std::vector<std::string>> shards(optimizers_.size());
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> whole_state(optimizers_.size());  // zero_stage 2
-  for (size_t o = 0; o < optimizers_.size(); ++o) {
-    auto& optimizer = *optimizers_[o];
-    const auto groups = optimizer_groups(o);
-    names[o] = names_for(identities, groups);
-    named[o] = !accelerate::named_optimizer_type(optimizer).empty();
-    described[o] = named[o] ? accelerate::describe_optimizer(optimizer, groups, names[o]) : nlohmann::json{{"type", ""}};
-    if (flat_[o]) {
-      // Stage 2's flat slices and FSDP's rows: gathered into whole tensors, written as a whole optimizer.
-      for (auto& [param, state] : flat_[o]->gather_state()) {
-        for (auto& [key, t] : state) whole_state[o].emplace_back(names[o].at(param.unsafeGetTensorImpl()) + "." + key, t);
-      }
-    } else if (sharded_[o]) {
-      shards[o] = gather_bytes(*pg_, named[o] ? accelerate::safetensors_bytes(
-                                                    accelerate::named_state(optimizer, held_parameters(o), names[o]),
-                                                    {{"format", "pt"}})
-                                              : optimizer_bytes(optimizer));
-    }
-  }
-  std::string path = root + "/" + accelerate::checkpoint_name(completed_steps_);
+  const bool main = is_main_process();
+  const std::string name = accelerate::checkpoint_name(completed_steps_);
+  std::string path = root + "/" + name;
   std::string failure;
-  if (is_main_process()) {
+  std::optional<accelerate::CheckpointWriter> writer;
+  auto attempt = [&](const std::function<void()>& write) {  // the main process's writing; the first failure stops it
+    if (!main || !failure.empty()) return;
     try {
-      accelerate::CheckpointWriter writer(root, accelerate::checkpoint_name(completed_steps_));
-      for (size_t m = 0; m < models_.size(); ++m) {
-        accelerate::save_safetensors(writer.path_for("model_" + std::to_string(m) + ".safetensors"), models[m],
-                                     {{"format", "pt"}});
-      }
-      nlohmann::json optimizer_state = nlohmann::json::array();
-      for (size_t o = 0; o < optimizers_.size(); ++o) {
-        nlohmann::json entry = described[o];
-        const bool sharded = static_cast<bool>(sharded_[o]);
-        entry["sharded"] = sharded;
-        entry["files"] = nlohmann::json::array();
-        if (sharded) {
-          for (size_t r = 0; r < shards[o].size(); ++r) {
-            const auto file = optimizer_file(o, static_cast<int>(r), true, named[o]);
-            writer.add_file(file, shards[o][r]);
-            entry["files"].push_back(file);
-          }
-        } else {
-          const auto file = optimizer_file(o, 0, false, named[o]);
-          if (flat_[o]) {
-            accelerate::save_safetensors(writer.path_for(file), whole_state[o], {{"format", "pt"}});
-          } else if (named[o]) {
-            accelerate::save_safetensors(writer.path_for(file),
-                                         accelerate::named_state(*optimizers_[o], held_parameters(o), names[o]),
-                                         {{"format", "pt"}});
-          } else {
-            torch::serialize::OutputArchive archive;
-            optimizers_[o]->save(archive);
-            archive.save_to(writer.path_for(file));
-          }
-          entry["files"].push_back(file);
-        }
-        optimizer_state.push_back(entry);
-      }
-      accelerate::save_safetensors(writer.path_for("rng.safetensors"), rng);
-      nlohmann::json state;
-      state["format"] = kStateFormat;
-      state["world_size"] = world_.world_size;
-      state["completed_steps"] = completed_steps_;
-      state["accumulation_step"] = accumulation_step_;
-      state["end_of_data"] = end_of_data_;
-      state["models"] = models_.size();
-      state["optimizers"] = optimizer_state;
-      state["loaders"] = nlohmann::json::array();
-      for (const auto& loader : loaders_) {
-        const auto [epoch, done] = loader.position();
-        state["loaders"].push_back({{"epoch", epoch}, {"samples_done", done}});
-      }
-      if (scaler_) {
-        const auto s = scaler_->state_dict();
-        state["scaler"] = {{"scale", s.scale},
-                           {"growth_factor", s.growth_factor},
-                           {"backoff_factor", s.backoff_factor},
-                           {"growth_interval", s.growth_interval},
-                           {"_growth_tracker", s.growth_tracker}};
-      }
-      state["custom"] = nlohmann::json::array();
-      for (const auto& [name, save, load] : custom_) {
-        (void)load;
-        writer.add_file("custom/" + name, save());
-        state["custom"].push_back(name);
-      }
-      writer.add_file("state.json", state.dump(2));
-      path = writer.commit();
-      if (total_limit_ > 0) accelerate::keep_newest(root, total_limit_);
+      write();
     } catch (const std::exception& e) {
       failure = one_line(e);
     }
+  };
+  attempt([&] { writer.emplace(root, name); });
+  const auto rng = rng_states(pg_, world_.world_size, device_);  // a collective: every rank
+  const int world = world_.world_size;
+
+  // The weights: whole (the main process's), or every rank's rows (collective).
+  nlohmann::json model_files = nlohmann::json::array();
+  for (size_t m = 0; m < models_.size(); ++m) {
+    const auto layout = models_[m].layout();
+    const auto held = models_[m].held();
+    const bool sharded = std::any_of(layout.begin(), layout.end(), [](const ModelSlot& s) { return s.count >= 0; });
+    model_files.push_back(nlohmann::json::array());
+    if (!sharded) {
+      const auto file = model_file(m, 0, false);
+      attempt([&] { accelerate::save_safetensors(writer->path_for(file), held, {{"format", "pt"}}); });
+      model_files.back().push_back(file);
+      continue;
+    }
+    std::vector<accelerate::RowPiece> pieces;
+    for (size_t i = 0; i < layout.size(); ++i) {
+      const auto& slot = layout[i];
+      if (slot.count > 0 || (slot.count < 0 && world_.rank == 0)) {  // whole tensors (buffers): rank 0's
+        pieces.push_back({slot.name, held[i].second, slot.first_row, slot.shape});
+      }
+    }
+    send_to_main(pg_, accelerate::row_pieces_bytes(pieces), [&](int r, std::string bytes) {
+      attempt([&] { writer->add_file(model_file(m, r, true), bytes); });
+    });
+    for (int r = 0; r < world; ++r) model_files.back().push_back(model_file(m, r, true));
   }
+
+  // The optimizers: whole (the main process's), sharded by parameter (ZeRO-1), flat slices
+  // gathered whole (ZeRO-2), or every rank's rows (FSDP). Note [Optimizer state by name].
+  const auto identities = model_identities();
+  nlohmann::json optimizer_state = nlohmann::json::array();
+  for (size_t o = 0; o < optimizers_.size(); ++o) {
+    auto& optimizer = *optimizers_[o];
+    const auto groups = optimizer_groups(o);
+    const auto names = names_for(identities, groups);
+    const bool named = !accelerate::named_optimizer_type(optimizer).empty();
+    nlohmann::json entry = named ? accelerate::describe_optimizer(optimizer, groups, names) : nlohmann::json{{"type", ""}};
+    auto* rows = dynamic_cast<fsdp::FsdpOptimizer*>(flat_[o].get());
+    const bool sharded = sharded_[o] || rows;
+    entry["sharded"] = sharded;
+    entry["files"] = nlohmann::json::array();
+    if (sharded) {
+      std::string mine;
+      if (rows) {
+        std::vector<accelerate::RowPiece> pieces;
+        for (auto& owned : rows->owned_state()) {
+          if (owned.key == "step" && world_.rank != 0) continue;  // the same on every rank
+          pieces.push_back({names.at(owned.param.unsafeGetTensorImpl()) + "." + owned.key, owned.rows, owned.first_row,
+                            owned.key == "step" ? owned.rows.sizes().vec() : owned.whole_shape});
+        }
+        mine = accelerate::row_pieces_bytes(pieces);
+      } else {
+        mine = named ? accelerate::safetensors_bytes(accelerate::named_state(optimizer, held_parameters(o), names),
+                                                     {{"format", "pt"}})
+                     : optimizer_bytes(optimizer);
+      }
+      send_to_main(pg_, std::move(mine), [&](int r, std::string bytes) {
+        attempt([&] { writer->add_file(optimizer_file(o, r, true, named), bytes); });
+      });
+      for (int r = 0; r < world; ++r) entry["files"].push_back(optimizer_file(o, r, true, named));
+    } else {
+      const auto file = optimizer_file(o, 0, false, named);
+      entry["files"].push_back(file);
+      if (flat_[o]) {
+        // Stage 2's flat slices: gathered into whole tensors (collective), written as a whole optimizer.
+        std::vector<std::pair<std::string, at::Tensor>> whole;
+        for (auto& [param, state] : flat_[o]->gather_state()) {
+          for (auto& [key, t] : state) whole.emplace_back(names.at(param.unsafeGetTensorImpl()) + "." + key, t);
+        }
+        attempt([&] { accelerate::save_safetensors(writer->path_for(file), whole, {{"format", "pt"}}); });
+      } else if (named) {
+        attempt([&] {
+          accelerate::save_safetensors(writer->path_for(file), accelerate::named_state(optimizer, held_parameters(o), names),
+                                       {{"format", "pt"}});
+        });
+      } else {
+        attempt([&] {
+          torch::serialize::OutputArchive archive;
+          optimizer.save(archive);
+          archive.save_to(writer->path_for(file));
+        });
+      }
+    }
+    optimizer_state.push_back(entry);
+  }
+
+  attempt([&] {
+    accelerate::save_safetensors(writer->path_for("rng.safetensors"), rng);
+    nlohmann::json state;
+    state["format"] = kStateFormat;
+    state["world_size"] = world_.world_size;
+    state["completed_steps"] = completed_steps_;
+    state["accumulation_step"] = accumulation_step_;
+    state["end_of_data"] = end_of_data_;
+    state["models"] = models_.size();
+    state["model_files"] = model_files;
+    state["optimizers"] = optimizer_state;
+    state["loaders"] = nlohmann::json::array();
+    for (const auto& loader : loaders_) {
+      const auto [epoch, done] = loader.position();
+      state["loaders"].push_back({{"epoch", epoch}, {"samples_done", done}});
+    }
+    if (scaler_) {
+      const auto s = scaler_->state_dict();
+      state["scaler"] = {{"scale", s.scale},
+                         {"growth_factor", s.growth_factor},
+                         {"backoff_factor", s.backoff_factor},
+                         {"growth_interval", s.growth_interval},
+                         {"_growth_tracker", s.growth_tracker}};
+    }
+    state["custom"] = nlohmann::json::array();
+    for (const auto& [custom_name, save, load] : custom_) {
+      (void)load;
+      writer->add_file("custom/" + custom_name, save());
+      state["custom"].push_back(custom_name);
+    }
+    writer->add_file("state.json", state.dump(2));
+    path = writer->commit();
+    if (total_limit_ > 0) accelerate::keep_newest(root, total_limit_);
+  });
+  writer.reset();  // an uncommitted writer removes its folder
   // Every rank returns once the checkpoint exists (or every rank throws when it does not).
   if (pg_ && pg_->size() > 1) {
     at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
@@ -336,20 +379,25 @@ void Accelerator::load_state(const std::string& path) {
     TANDEM_CHECK(state.at("models").get<size_t>() == models_.size() && optimizers.size() == optimizers_.size(),
                  "load_state: ", dir, " holds ", state.at("models").get<size_t>(), " model(s) and ", optimizers.size(),
                  " optimizer(s), this Accelerator prepared ", models_.size(), " and ", optimizers_.size());
-    const auto models = model_shapes();  // no collective here: a rank that failed above is not waited for
+    // Each slot's tensor, or this rank's rows of it, from whichever files hold them (no collective
+    // here: a rank that failed above is not waited for).
     const auto identities = model_identities();
-    staged.weights.resize(models.size());
-    for (size_t m = 0; m < models.size(); ++m) {
-      const std::string file = "model_" + std::to_string(m) + ".safetensors";
-      auto saved = accelerate::load_safetensors(reader.path(file));
-      std::map<std::string, at::Tensor> by_name(saved.tensors.begin(), saved.tensors.end());
-      for (const auto& [name, tensor] : models[m]) {
-        auto it = by_name.find(name);
-        TANDEM_CHECK(it != by_name.end(), "load_state: ", file, " has no tensor '", name, "'");
-        TANDEM_CHECK(it->second.sizes() == tensor.sizes() && it->second.scalar_type() == tensor.scalar_type(),
-                     "load_state: ", file, ": '", name, "' is ", c10::toString(it->second.scalar_type()),
-                     it->second.sizes(), " but the model's is ", c10::toString(tensor.scalar_type()), tensor.sizes());
-        staged.weights[m].emplace_back(name, it->second);
+    staged.weights.resize(models_.size());
+    for (size_t m = 0; m < models_.size(); ++m) {
+      std::vector<std::string> files{model_file(m, 0, false)};
+      if (state.contains("model_files")) files = state.at("model_files").at(m).get<std::vector<std::string>>();
+      std::vector<std::string> paths;
+      for (const auto& f : files) paths.push_back(reader.path(f));
+      const std::string file = files.size() == 1 ? files[0] : message("model_", m, ".rank*.safetensors");
+      const accelerate::ShardedTensors saved(paths, message("load_state: ", dir));
+      for (const auto& slot : models_[m].layout()) {
+        TANDEM_CHECK(saved.contains(slot.name), "load_state: ", file, " has no tensor '", slot.name, "'");
+        TANDEM_CHECK(saved.shape(slot.name) == slot.shape && saved.dtype(slot.name) == slot.dtype, "load_state: ", file,
+                     ": '", slot.name, "' is ", c10::toString(saved.dtype(slot.name)),
+                     c10::IntArrayRef(saved.shape(slot.name)), " but the model's is ", c10::toString(slot.dtype),
+                     c10::IntArrayRef(slot.shape));
+        staged.weights[m].emplace_back(slot.name, slot.count < 0 ? saved.whole(slot.name)
+                                                                 : saved.rows(slot.name, slot.first_row, slot.count));
       }
     }
     staged.named.resize(optimizers_.size());
@@ -373,12 +421,16 @@ void Accelerator::load_state(const std::string& path) {
       std::vector<std::string> paths;
       for (const auto& f : files) paths.push_back(reader.path(f));
       const auto groups = optimizer_groups(o);
+      std::function<accelerate::HeldRows(const at::Tensor&)> held_rows;
+      if (auto* rows = dynamic_cast<fsdp::FsdpOptimizer*>(flat_[o].get())) {
+        held_rows = [rows](const at::Tensor& p) {  // FSDP: only this rank's rows of each parameter's state
+          const auto spec = rows->spec_of(p);
+          return accelerate::HeldRows{spec.shape, rows->shard_options(p), spec.first_row, spec.owned_rows};
+        };
+      }
       staged.named[o] = accelerate::stage_optimizer_state(*optimizers_[o], groups, names_for(identities, groups),
-                                                          held_parameters(o), entry, paths, where,
-                                                          [&](const at::Tensor& p) {
-                                                            return flat_[o] ? flat_[o]->whole_like(p) : p;
-                                                          });
-      if (flat_[o]) {  // stage 2 and FSDP: this rank's pieces, cut from the whole state now (checked)
+                                                          held_parameters(o), entry, paths, where, held_rows);
+      if (flat_[o]) {  // stage 2 and FSDP: this rank's pieces, built from the staged state now (checked)
         std::unordered_map<const void*, const torch::optim::OptimizerParamState*> by_param;
         for (const auto& [param, st] : staged.named[o].states) by_param[param.unsafeGetTensorImpl()] = st.get();
         staged.flat.resize(optimizers_.size());

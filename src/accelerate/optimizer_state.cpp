@@ -8,7 +8,7 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
-#include "tandem/accelerate/safetensors.h"
+#include "accelerate/sharded_tensors.h"
 #include "tandem/error.h"
 #include "tandem/zero/param_state.h"
 
@@ -155,7 +155,7 @@ StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std
                                            const ParamNames& names, const std::vector<at::Tensor>& held,
                                            const json& description, const std::vector<std::string>& files,
                                            const std::string& where,
-                                           const std::function<at::Tensor(const at::Tensor&)>& whole_like) {
+                                           const std::function<HeldRows(const at::Tensor&)>& held_rows) {
   const Kind kind = kind_of(optimizer);
   const std::string saved_type = description.value("type", "");
   TANDEM_CHECK(saved_type == name_of(kind), where, " holds the state of ", saved_type.empty() ? "an unnamed" : "a ",
@@ -190,26 +190,39 @@ StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std
   }
   std::map<std::string, at::Tensor> held_by_name;
   for (const auto& p : held) held_by_name.emplace(name_in(names, p), p);
+  const ShardedTensors saved(files, where);  // headers: pieces checked to tile every tensor once
   std::map<std::string, std::map<std::string, at::Tensor>> found;
-  std::map<std::string, std::string> file_of;  // "<name>.<key>" -> the file that holds it
-  for (const auto& file : files) {
-    auto saved = load_safetensors(file);
-    for (auto& [full, tensor] : saved.tensors) {
-      const auto dot = full.rfind('.');
-      const std::string name = dot == std::string::npos ? full : full.substr(0, dot);
-      TANDEM_CHECK(dot != std::string::npos && all.count(name), where, ": ", file, " holds '", full,
-                   "', which names no parameter of this optimizer: a file of another checkpoint or model");
-      auto [it, fresh] = file_of.emplace(full, file);
-      TANDEM_CHECK(fresh, where, ": '", full, "' is in both ", it->second, " and ", file,
-                   ": the shards overlap (files of two checkpoints mixed?)");
-      if (held_by_name.count(name)) found[name][full.substr(dot + 1)] = std::move(tensor);
+  for (const auto& full : saved.names()) {
+    const auto dot = full.rfind('.');
+    const std::string name = dot == std::string::npos ? full : full.substr(0, dot);
+    TANDEM_CHECK(dot != std::string::npos && all.count(name), where, ": ", saved.file_of(full), " holds '", full,
+                 "', which names no parameter of this optimizer: a file of another checkpoint or model");
+    auto it = held_by_name.find(name);
+    if (it == held_by_name.end()) continue;
+    const std::string key = full.substr(dot + 1);
+    const HeldRows rows = held_rows ? held_rows(it->second) : HeldRows{it->second.sizes().vec(), it->second.options()};
+    if (key == "step" || rows.count < 0) {
+      found[name][key] = saved.whole(full);  // checked against the parameter by make_state
+      continue;
     }
+    TANDEM_CHECK(saved.shape(full) == rows.shape, where, ": '", full, "' is ", c10::IntArrayRef(saved.shape(full)),
+                 " but the parameter is ", c10::IntArrayRef(rows.shape));
+    found[name][key] = saved.rows(full, rows.first, rows.count);
   }
   for (auto& [name, tensors] : found) {
     const at::Tensor& param = held_by_name.at(name);
-    // Checked against the whole parameter (an FSDP parameter at rest holds no data: whole_like).
-    staged.states.emplace_back(param, zero::make_state(kind, std::move(tensors), whole_like ? whole_like(param) : param,
-                                                       where + ": '" + name + "'"));
+    // Checked against what this rank keeps (an FSDP parameter at rest holds no data: held_rows).
+    at::Tensor like = param;
+    if (held_rows) {
+      const HeldRows rows = held_rows(param);
+      std::vector<int64_t> shape = rows.shape;
+      if (rows.count >= 0) {
+        if (shape.empty()) shape = {rows.count};
+        else shape[0] = rows.count;
+      }
+      like = at::empty(shape, rows.options);
+    }
+    staged.states.emplace_back(param, zero::make_state(kind, std::move(tensors), like, where + ": '" + name + "'"));
   }
   return staged;
 }

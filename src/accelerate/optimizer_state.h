@@ -53,16 +53,26 @@ struct StagedOptimizerState {
   std::vector<std::pair<at::Tensor, std::unique_ptr<torch::optim::OptimizerParamState>>> states;  // held -> state
 };
 
+/// What a rank keeps of a parameter's state: the whole state's shape and options, and rows
+/// [first, first + count) of its dim 0 (count -1: all of it). FSDP keeps its shard's rows.
+struct HeldRows {
+  std::vector<int64_t> shape;
+  at::TensorOptions options;
+  int64_t first = 0, count = -1;
+};
+
 /// Reads the state of the parameters in `held` from `files` (the optimizer's safetensors files,
-/// already verified against the manifest) and checks it against `description` and this
-/// optimizer (type, groups, names, shapes, every file's tensors naming one of its parameters,
-/// none twice). Throws tandem::Error, one line naming the file, and changes nothing.
+/// already verified against the manifest; whole or row-sharded, Note [Row-sharded files]) and
+/// checks it against `description` and this optimizer (type, groups, names, shapes, every file's
+/// tensors naming one of its parameters, none twice). `held_rows` says what of each parameter's
+/// state to keep (default: all of it, the parameter's shape). Throws tandem::Error, one line
+/// naming the file, and changes nothing.
 StagedOptimizerState stage_optimizer_state(const torch::optim::Optimizer& optimizer,
                                            const std::vector<std::vector<at::Tensor>>& groups,
                                            const ParamNames& names, const std::vector<at::Tensor>& held,
                                            const nlohmann::json& description,
                                            const std::vector<std::string>& files, const std::string& where,
-                                           const std::function<at::Tensor(const at::Tensor&)>& whole_like = nullptr);
+                                           const std::function<HeldRows(const at::Tensor&)>& held_rows = nullptr);
 
 /// Sets the groups' hyper-parameters (checked by stage_optimizer_state).
 void apply_optimizer_options(torch::optim::Optimizer& optimizer, const std::vector<nlohmann::json>& options);

@@ -402,12 +402,20 @@ std::string safetensors_bytes(const std::vector<std::pair<std::string, at::Tenso
   return out;
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
+namespace {
+
+int open_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TANDEM_CHECK(fd >= 0, "safetensors ", path, ": cannot open: ", detail::errno_text(errno));
+  return fd;
+}
+
+/// `path`'s checked header, read from `fd`.
+SafetensorsIndex index_of(int fd, const std::string& path) {
   const std::string where = "safetensors " + path;
-  detail::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  TANDEM_CHECK(fd.get() >= 0, where, ": cannot open: ", detail::errno_text(errno));
+  SafetensorsIndex out;
   struct stat st {};
-  TANDEM_CHECK(::fstat(fd.get(), &st) == 0, where, ": cannot stat: ", detail::errno_text(errno));
+  TANDEM_CHECK(::fstat(fd, &st) == 0, where, ": cannot stat: ", detail::errno_text(errno));
   TANDEM_CHECK(S_ISREG(st.st_mode), where, ": not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   const std::string read_context = where + ": cannot read";
@@ -416,7 +424,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
   TANDEM_CHECK(file_size >= 8, where, ": the file has ", file_size,
                " bytes, too few for the 8-byte header length: not a safetensors file");
   unsigned char length[8];
-  TANDEM_CHECK(detail::pread_all(fd.get(), length, 8, 0, read_context), changed);
+  TANDEM_CHECK(detail::pread_all(fd, length, 8, 0, read_context), changed);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | length[i];
   TANDEM_CHECK(n <= kSafetensorsMaxHeaderBytes, where, ": the header length is ", n, ", more than the ",
@@ -424,49 +432,96 @@ SafetensorsFile load_safetensors(const std::string& path) {
   TANDEM_CHECK(n <= file_size - 8, where, ": the header length is ", n, " but only ", file_size - 8,
                " bytes follow it: the file is truncated");
   std::string header(n, '\0');
-  TANDEM_CHECK(detail::pread_all(fd.get(), header.data(), n, 8, read_context), changed);
+  TANDEM_CHECK(detail::pread_all(fd, header.data(), n, 8, read_context), changed);
   const uint64_t data_size = file_size - 8 - n;
 
   TANDEM_CHECK(n > 0 && header[0] == '{', where, ": the header does not begin with '{': not a safetensors file");
   json root = parse_header(header, where);
   TANDEM_CHECK(root.is_object(), where, ": the header is not a JSON object");
 
-  SafetensorsFile file;
+  out.path = path;
   std::vector<Parsed> parsed;
   for (const auto& [key, value] : root.items()) {
     if (key == kMetadataKey) {
-      file.metadata = parse_metadata(value, where);
+      out.metadata = parse_metadata(value, where);
     } else {
       parsed.push_back(parse_tensor(key, value, data_size, where));
     }
   }
   root = json();  // the header's DOM is no longer needed: free it before the data is read
   check_layout(parsed, data_size, where);
+  for (auto& p : parsed) {
+    out.tensors.push_back({std::move(p.name), p.dtype->type, std::move(p.shape), 8 + n + p.begin});
+  }
+  return out;
+}
 
-  const uint64_t data_start = 8 + n;
-  for (const auto& p : parsed) {
-    at::Tensor t;
-    try {
-      t = at::empty(p.shape, at::TensorOptions().dtype(p.dtype->type));
-    } catch (const std::exception& e) {  // out of memory
-      throw Error(message(where, ": cannot allocate tensor ", quoted(p.name), " (", p.end - p.begin,
-                          " bytes): ", one_line(e)));
+/// Rows [first, first + count) of `entry`, read from `fd` into a new tensor.
+at::Tensor read_rows(int fd, const SafetensorsIndex& index, const SafetensorsIndex::Entry& entry, int64_t first,
+                     int64_t count) {
+  const std::string where = "safetensors " + index.path;
+  const int64_t rows = entry.shape.empty() ? 1 : entry.shape[0];
+  TANDEM_CHECK(first >= 0 && count >= 0 && first <= rows && count <= rows - first, where, ": tensor ",
+               quoted(entry.name), " has ", rows, " rows; rows ", first, " to ", first + count, " were asked for");
+  std::vector<int64_t> shape = entry.shape;
+  if (shape.empty()) {
+    if (count == 1) shape = {};  // the whole 0-d tensor
+    else shape = {count};
+  } else {
+    shape[0] = count;
+  }
+  at::Tensor t;
+  try {
+    t = at::empty(shape, at::TensorOptions().dtype(entry.dtype));
+  } catch (const std::exception& e) {  // out of memory
+    int64_t elements = 1;
+    for (int64_t d : shape) elements *= d;  // fits: parse_tensor checked the whole tensor's size
+    throw Error(message(where, ": cannot allocate tensor ", quoted(entry.name), " (",
+                        elements * static_cast<int64_t>(c10::elementSize(entry.dtype)), " bytes): ", one_line(e)));
+  }
+  const uint64_t bytes = static_cast<uint64_t>(t.nbytes());
+  const uint64_t row_bytes = count > 0 ? bytes / static_cast<uint64_t>(count) : 0;
+  if (bytes > 0) {
+    TANDEM_CHECK(detail::pread_all(fd, t.data_ptr(), bytes, entry.offset + static_cast<uint64_t>(first) * row_bytes,
+                                   where + ": cannot read"),
+                 where, ": the file became shorter while it was read");
+  }
+  if (entry.dtype == at::kBool) {
+    // A bool byte other than 0 or 1 is undefined behaviour in C++ (and in LibTorch's kernels).
+    const auto* b = static_cast<const unsigned char*>(t.data_ptr());
+    for (uint64_t i = 0; i < bytes; ++i) {
+      TANDEM_CHECK(b[i] <= 1, where, ": tensor ", quoted(entry.name), ": BOOL element ",
+                   i + static_cast<uint64_t>(first) * row_bytes, " is the byte ", static_cast<int>(b[i]),
+                   ", not 0 or 1");
     }
-    const uint64_t bytes = p.end - p.begin;
-    if (bytes > 0) {
-      TANDEM_CHECK(detail::pread_all(fd.get(), t.data_ptr(), bytes, data_start + p.begin, read_context), changed);
-    }
-    if (p.dtype->type == at::kBool) {
-      // A bool byte other than 0 or 1 is undefined behaviour in C++ (and in LibTorch's kernels).
-      const auto* b = static_cast<const unsigned char*>(t.data_ptr());
-      for (uint64_t i = 0; i < bytes; ++i) {
-        TANDEM_CHECK(b[i] <= 1, where, ": tensor ", quoted(p.name), ": BOOL element ", i, " is the byte ",
-                     static_cast<int>(b[i]), ", not 0 or 1");
-      }
-    }
-    file.tensors.emplace_back(p.name, std::move(t));
+  }
+  return t;
+}
+
+int64_t rows_of(const SafetensorsIndex::Entry& entry) { return entry.shape.empty() ? 1 : entry.shape[0]; }
+
+}  // namespace
+
+SafetensorsIndex index_safetensors(const std::string& path) {
+  detail::UniqueFd fd(open_file(path));
+  return index_of(fd.get(), path);
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  detail::UniqueFd fd(open_file(path));
+  SafetensorsIndex index = index_of(fd.get(), path);
+  SafetensorsFile file;
+  file.metadata = std::move(index.metadata);
+  for (const auto& entry : index.tensors) {
+    file.tensors.emplace_back(entry.name, read_rows(fd.get(), index, entry, 0, rows_of(entry)));
   }
   return file;
+}
+
+at::Tensor read_safetensors_rows(const SafetensorsIndex& index, const SafetensorsIndex::Entry& entry, int64_t first,
+                                 int64_t count) {
+  detail::UniqueFd fd(open_file(index.path));
+  return read_rows(fd.get(), index, entry, first, count);
 }
 
 }  // namespace tandem::accelerate

@@ -473,9 +473,9 @@ std::optional<ShardSpec> Engine::spec_of(const at::Tensor& parameter) const {
                    std::min(slot.rows, s_->pg->rank() * slot.chunk_rows), slot.owned_rows};
 }
 
-void Engine::load_parameters(const std::vector<std::pair<std::string, at::Tensor>>& whole) {
+void Engine::load_shards(const std::vector<std::pair<std::string, at::Tensor>>& rows) {
   std::unordered_map<std::string, const at::Tensor*> by_name;
-  for (const auto& [name, t] : whole) by_name[name] = &t;
+  for (const auto& [name, t] : rows) by_name[name] = &t;
   TANDEM_CHECK(!s_->backward_started, "fsdp: load parameters between steps, not during a backward");
   if (s_->backward_pending) abandon_backward();  // a forward nobody backwarded: its units are freed
   at::NoGradGuard no_grad;
@@ -484,9 +484,7 @@ void Engine::load_parameters(const std::vector<std::pair<std::string, at::Tensor
     for (auto& slot : unit->slots()) {
       auto it = by_name.find(slot.name);
       if (it == by_name.end() || slot.owned_rows == 0) continue;
-      const int64_t first = s_->pg->rank() * slot.chunk_rows;
-      slot.shard.view({slot.owned_rows, slot.row_numel})
-          .copy_(it->second->reshape({slot.rows, slot.row_numel}).narrow(0, first, slot.owned_rows));
+      slot.shard.view({slot.owned_rows, slot.row_numel}).copy_(it->second->reshape({slot.owned_rows, slot.row_numel}));
     }
   }
 }

@@ -95,14 +95,9 @@ zero::PartitionedOptimizer::BuiltState FsdpOptimizer::build_state(const StateOf&
         built.push_back(zero::initial_state(kind_, optimizer_.param_groups()[g].options(), shard));
         continue;
       }
-      const auto spec = engine_->spec_of(all_[g][i]).value();
       std::map<std::string, at::Tensor> rows;
       for (auto& [key, t] : zero::state_tensors(kind_, *state)) {
-        rows[key] = key == "step" ? t
-                                 : t.reshape({spec.rows, spec.row_numel})
-                                       .narrow(0, spec.first_row, spec.owned_rows)
-                                       .reshape(shard.sizes())
-                                       .clone();
+        rows[key] = key == "step" ? t : t.reshape(shard.sizes());
       }
       built.push_back(zero::make_state(kind_, std::move(rows), shard, "fsdp: the checkpoint's state"));
     }
@@ -110,9 +105,32 @@ zero::PartitionedOptimizer::BuiltState FsdpOptimizer::build_state(const StateOf&
   return built;
 }
 
-at::Tensor FsdpOptimizer::whole_like(const at::Tensor& param) const {
-  const auto spec = engine_->spec_of(param);  // the shard's dtype: the gathered one may be lower (mixed precision)
-  return spec ? at::empty(spec->shape, engine_->shard_of(param).options()) : param;
+std::vector<FsdpOptimizer::OwnedState> FsdpOptimizer::owned_state() const {
+  std::vector<OwnedState> out;
+  for (size_t g = 0; g < shards_.size(); ++g) {
+    for (size_t i = 0; i < shards_[g].size(); ++i) {
+      auto it = optimizer_.state().find(shards_[g][i].unsafeGetTensorImpl());
+      if (it == optimizer_.state().end()) continue;
+      const auto spec = engine_->spec_of(all_[g][i]).value();
+      std::vector<int64_t> rows_shape = spec.shape;
+      if (rows_shape.empty()) rows_shape = {spec.owned_rows};
+      else rows_shape[0] = spec.owned_rows;
+      for (auto& [key, t] : zero::state_tensors(kind_, *it->second)) {
+        if (key == "step") {
+          out.push_back({all_[g][i], key, t, 0, {}});
+        } else if (spec.owned_rows > 0) {
+          out.push_back({all_[g][i], key, t.reshape(rows_shape), spec.first_row, spec.shape});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+ShardSpec FsdpOptimizer::spec_of(const at::Tensor& param) const { return engine_->spec_of(param).value(); }
+
+at::TensorOptions FsdpOptimizer::shard_options(const at::Tensor& param) const {
+  return engine_->shard_of(param).options();
 }
 
 void FsdpOptimizer::install_state(BuiltState built) {

@@ -23,6 +23,9 @@ job() {  # job NAME NPROC ZERO PHASE [FROM]
     { echo "FAIL: job $1 ($2 processes, zero_stage $3, $4) failed (exit $?)"; exit 1; }
   "$tandem" checkpoint consolidate "$work/$1.ckpt" --out "$work/$1.optimizer.safetensors" >/dev/null ||
     { echo "FAIL: tandem checkpoint consolidate $1"; exit 1; }
+  # The weights in one file, whether saved whole (stages 0-2) or as each rank's rows (FSDP).
+  "$tandem" checkpoint consolidate "$work/$1.ckpt" --model 0 --out "$work/$1.model.safetensors" >/dev/null ||
+    { echo "FAIL: tandem checkpoint consolidate --model 0 $1"; exit 1; }
 }
 newest() { ls -d "$1"/checkpoint_* | tail -1; }
 status=0
@@ -42,7 +45,7 @@ for w in 4 2; do
         dst="load-w$w-z$z-to-w$w2-z$z2"
         job "$dst" "$w2" "$z2" load "$(newest "$work/$src.ckpt")"
         result=ok
-        cmp -s "$(newest "$work/$src.ckpt")/model_0.safetensors" "$(newest "$work/$dst.ckpt")/model_0.safetensors" ||
+        cmp -s "$work/$src.model.safetensors" "$work/$dst.model.safetensors" ||
           { fail "$dst: the weights after loading differ from the saved ones"; result=FAIL; }
         cmp -s "$work/$src.optimizer.safetensors" "$work/$dst.optimizer.safetensors" ||
           { fail "$dst: the optimizer state after loading differs from the saved one"; result=FAIL; }
@@ -83,14 +86,42 @@ PY
 done
 # tandem checkpoint: what a sharded checkpoint holds; an optimizer it does not hold is refused.
 info=$("$tandem" checkpoint info "$work/save-w4-z1.ckpt")
-grep -q "optimizer 0  AdamW, sharded (ZeRO), 4 file(s): loads at any world size" <<<"$info" &&
+grep -q "optimizer 0  AdamW, sharded, 4 file(s): loads at any world size" <<<"$info" &&
   grep -q "loader 0     epoch 0, 80 samples of it consumed" <<<"$info" || fail "tandem checkpoint info: $info"
 if refused=$("$tandem" checkpoint consolidate "$work/save-w4-z1.ckpt" --optimizer 1 --out "$work/never" 2>&1) ||
    ! grep -q "holds 1 optimizer(s); there is no optimizer 1" <<<"$refused" || [[ -e "$work/never" ]]; then
   fail "consolidate --optimizer 1: $refused"
 fi
-# The consolidated file is a plain safetensors file for Python: AdamW's state by parameter name.
+# Under FSDP every rank wrote its rows (Note [Sharded checkpoints]): no file holds the whole model.
+info=$("$tandem" checkpoint info "$work/save-w4-z3.ckpt")
+grep -q "model 0      model_0.rank\*.safetensors, sharded by rows in 4 files: 4 tensors, 200 elements" <<<"$info" &&
+  grep -q "optimizer 0  AdamW, sharded, 4 file(s)" <<<"$info" || fail "tandem checkpoint info of an FSDP checkpoint: $info"
+fsdp_ckpt=$(newest "$work/save-w4-z3.ckpt")
+[[ ! -e "$fsdp_ckpt/model_0.safetensors" && -f "$fsdp_ckpt/model_0.rank3.safetensors" ]] ||
+  fail "an FSDP checkpoint has a whole model file, or no rank 3 file: $(ls "$fsdp_ckpt")"
+# A whole model file consolidates to itself, byte for byte.
+cmp -s "$(newest "$work/save-w4-z0.ckpt")/model_0.safetensors" "$work/save-w4-z0.model.safetensors" ||
+  fail "consolidate --model of a whole checkpoint is not its model file"
+# The consolidated file is a plain safetensors file for Python: AdamW's state by parameter name,
+# and the weights FSDP saved as rows a state dict that PyTorch's own module loads strictly.
 if [[ -n "$python" ]]; then
+  "$python" - "$work/save-w4-z3.model.safetensors" "$fsdp_ckpt" <<'PY' || fail "PyTorch cannot load the consolidated FSDP weights"
+import sys, torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+state = load_file(sys.argv[1])
+net = torch.nn.Sequential(torch.nn.Linear(9, 13), torch.nn.Tanh(), torch.nn.Linear(13, 5))
+net.load_state_dict(state, strict=True)
+# Each rank's file holds its rows: together, in rank order, they are the consolidated weights.
+for name, whole in state.items():
+    rows = []
+    for r in range(4):
+        with safe_open(f"{sys.argv[2]}/model_0.rank{r}.safetensors", "pt") as f:
+            if name in f.keys():
+                rows.append(f.get_tensor(name))
+    assert torch.equal(torch.cat(rows), whole), name
+print("PyTorch loads the consolidated FSDP weights strictly; the ranks' rows are their pieces:", sorted(state))
+PY
   "$python" - "$work/save-w4-z1.optimizer.safetensors" <<'PY' || fail "python safetensors cannot read the consolidated file"
 import json, sys
 from safetensors import safe_open

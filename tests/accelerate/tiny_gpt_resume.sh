@@ -26,8 +26,11 @@ for n in 4 2 3; do
   run "resumed-by-$n" "$n" --resume-from "$mid"
   grep -q "resumed from $mid at step 40 (epoch 1)" "$work/resumed-by-$n.log" || { echo "FAIL: resumed-by-$n did not resume"; exit 1; }
 done
-for f in model_0.safetensors optimizer_0.safetensors; do
-  cmp "$work/four.ckpt/checkpoint_000064/$f" "$work/resumed-by-4.ckpt/checkpoint_000064/$f" || {
-    echo "FAIL: resumed by 4 processes, $f differs from the uninterrupted run's"; exit 1; }
+# Each rank's rows of the weights and of the AdamW state (Note [Sharded checkpoints]).
+for r in 0 1 2 3; do
+  for f in model_0.rank$r.safetensors optimizer_0.rank$r.safetensors; do
+    cmp "$work/four.ckpt/checkpoint_000064/$f" "$work/resumed-by-4.ckpt/checkpoint_000064/$f" || {
+      echo "FAIL: resumed by 4 processes, $f differs from the uninterrupted run's"; exit 1; }
+  done
 done
 echo "a checkpoint of 4 FSDP processes resumed under 4 (the same final weights and state, byte for byte), 2 and 3"

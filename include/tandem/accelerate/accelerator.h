@@ -217,11 +217,19 @@ class Accelerator {
  private:
   friend class MainProcessFirst;
   using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+  /// One tensor of a prepared model in a checkpoint: its whole shape and dtype, and the rows of
+  /// its dim 0 this rank holds (count -1: all of it; FSDP's parameters: the shard's rows).
+  struct ModelSlot {
+    std::string name;
+    std::vector<int64_t> shape;
+    at::ScalarType dtype = at::kFloat;
+    int64_t first_row = 0, count = -1;
+  };
   struct ModelEntry {
-    std::function<NamedTensors()> state;        // what a checkpoint writes: whole tensors by name (collective under FSDP)
-    std::function<NamedTensors()> identities;   // the module's own tensors by name (names the optimizer's)
-    std::function<NamedTensors()> shapes;       // whole shapes and dtypes by name, no collective (checks a load)
-    std::function<void(const NamedTensors&)> load;  // sets the model from whole tensors by name
+    std::function<NamedTensors()> identities;          // the module's own tensors by name (names the optimizer's)
+    std::function<std::vector<ModelSlot>()> layout;    // what a checkpoint holds of it, no collective
+    std::function<NamedTensors()> held;                // per slot, what this rank holds (whole, or its rows)
+    std::function<void(const NamedTensors&)> load;     // sets the model from per-slot tensors like held()'s
     ddp::Reducer* reducer = nullptr;  // its DDP's, under Strategy::Ddp
     std::shared_ptr<fsdp::detail::Engine> fsdp;  // its FSDP's, under Strategy::Fsdp
     std::shared_ptr<torch::nn::Module> owner;  // keeps those alive as long as the Accelerator
@@ -234,12 +242,12 @@ class Accelerator {
 
   void initialize();
   fsdp::FullyShardOptions fsdp_options(torch::nn::Module& model) const;
-  /// Under FSDP: the parameters gathered whole, then the buffers. Collective.
-  static NamedTensors fsdp_state(fsdp::detail::Engine& engine, torch::nn::Module& module);
-  /// Under FSDP: each parameter's whole shape and dtype (meta tensors), then the buffers.
-  static NamedTensors fsdp_shapes(const fsdp::detail::Engine& engine, torch::nn::Module& module);
-  /// Copies whole tensors by name into the module (into its shards under FSDP).
-  static void load_model(fsdp::detail::Engine* engine, torch::nn::Module& module, const NamedTensors& whole);
+  /// The parameters, then the buffers; under FSDP a parameter's slot is its shard's rows.
+  static std::vector<ModelSlot> model_layout(const fsdp::detail::Engine* engine, torch::nn::Module& module);
+  /// What this rank holds of each slot of model_layout: the tensor, or its shard's rows.
+  static NamedTensors model_held(const fsdp::detail::Engine* engine, torch::nn::Module& module);
+  /// Copies per-slot tensors by name into the module (rows into its shards under FSDP).
+  static void load_model(fsdp::detail::Engine* engine, torch::nn::Module& module, const NamedTensors& held);
   void choose_strategy();
   void begin_accumulation_step();
   void on_batch(const accelerate::LoaderProgress& progress);
@@ -250,9 +258,7 @@ class Accelerator {
   zero::PartitionedOptimizer* flat_of(const torch::optim::Optimizer& optimizer) const;
   // Checkpoints (accelerator_state.cpp): each prepared model's named tensors, optimizer o's param
   // groups (every parameter, also those other ranks own) and the parameters whose state it holds.
-  std::vector<NamedTensors> model_tensors() const;
   std::vector<NamedTensors> model_identities() const;
-  std::vector<NamedTensors> model_shapes() const;
   std::vector<std::vector<at::Tensor>> optimizer_groups(size_t o) const;
   std::vector<at::Tensor> held_parameters(size_t o) const;
   template <typename Dataset>
@@ -308,18 +314,19 @@ PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
       fully_sharded ? (*fully_sharded)->engine().shared_from_this() : nullptr;
   PreparedModel<ModuleHolder> prepared(
       std::make_shared<Impl>(module, std::move(ddp), std::move(dp), std::move(fully_sharded), autocast));
-  auto own = [module]() {
+  ModelEntry entry;
+  entry.identities = [module]() {
     NamedTensors state;
     for (const auto& item : module->named_parameters(true)) state.emplace_back(item.key(), item.value());
     for (const auto& item : module->named_buffers(true)) state.emplace_back(item.key(), item.value());
     return state;
   };
-  ModelEntry entry{own, own, own, nullptr, reducer, engine, prepared.ptr()};
-  if (engine) {
-    entry.state = [engine, module]() { return fsdp_state(*engine, *module.ptr()); };
-    entry.shapes = [engine, module]() { return fsdp_shapes(*engine, *module.ptr()); };
-  }
-  entry.load = [engine, module](const NamedTensors& whole) { load_model(engine.get(), *module.ptr(), whole); };
+  entry.layout = [engine, module]() { return model_layout(engine.get(), *module.ptr()); };
+  entry.held = [engine, module]() { return model_held(engine.get(), *module.ptr()); };
+  entry.load = [engine, module](const NamedTensors& held) { load_model(engine.get(), *module.ptr(), held); };
+  entry.reducer = reducer;
+  entry.fsdp = engine;
+  entry.owner = prepared.ptr();
   models_.push_back(std::move(entry));
   return prepared;
 }

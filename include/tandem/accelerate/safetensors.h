@@ -62,4 +62,27 @@ std::string safetensors_bytes(const std::vector<std::pair<std::string, at::Tenso
 /// and what is wrong. Never crashes, whatever the bytes.
 SafetensorsFile load_safetensors(const std::string& path);
 
+/// A safetensors file's header, checked exactly as load_safetensors checks it, without its data:
+/// for reading parts of tensors (a rank's rows of a checkpoint's weights) without the whole file.
+struct SafetensorsIndex {
+  struct Entry {
+    std::string name;
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+    uint64_t offset = 0;  // of its first byte, from the start of the file
+  };
+  std::string path;
+  std::vector<Entry> tensors;  // in the order their bytes appear in the file
+  std::map<std::string, std::string> metadata;
+};
+
+/// Reads and checks `path`'s header (and that the file's size fits it); reads no tensor data.
+SafetensorsIndex index_safetensors(const std::string& path);
+
+/// Rows [first, first + count) of dim 0 of `entry` (a tensor of `index`), as a contiguous CPU
+/// tensor of shape [count, shape[1:]...]; a 0-d tensor is one row. Reads those bytes only.
+/// Throws tandem::Error (one line) for rows outside the tensor or a file changed since indexed.
+at::Tensor read_safetensors_rows(const SafetensorsIndex& index, const SafetensorsIndex::Entry& entry, int64_t first,
+                                 int64_t count);
+
 }  // namespace tandem::accelerate

@@ -83,9 +83,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::optional<ShardSpec> spec_of(const at::Tensor& parameter) const;
   /// Every parameter whole (copies), under every name the root gives it. Collective.
   std::vector<std::pair<std::string, at::Tensor>> gather_parameters();
-  /// Sets every parameter named in `whole` (global shapes, checked by the caller) by cutting this
-  /// rank's rows into its shard. Names it does not know are ignored.
-  void load_parameters(const std::vector<std::pair<std::string, at::Tensor>>& whole);
+  /// Sets the shard of every parameter named in `rows` from this rank's rows of it ([owned_rows,
+  /// shape[1:]...] as spec_of gives them, checked by the caller). Names it does not know are ignored.
+  void load_shards(const std::vector<std::pair<std::string, at::Tensor>>& rows);
   /// torch.nn.utils.clip_grad_norm_ over the shards' gradients of every rank. Collective.
   double clip_grad_norm(double max_norm, double norm_type);
   MemoryBytes memory() const;

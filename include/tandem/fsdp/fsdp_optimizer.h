@@ -25,9 +25,27 @@ class FsdpOptimizer : public zero::PartitionedOptimizer {
   double clip_grad_norm(double max_norm, double norm_type = 2.0) override;
   const std::vector<std::vector<at::Tensor>>& all_params() const override { return all_; }
   std::vector<std::pair<at::Tensor, NamedState>> gather_state() override;
+
+  /// One tensor of this rank's optimizer state: rows [first_row, first_row + rows.size(0)) of the
+  /// state `key` of `param`, whose whole shape is `whole_shape` ("step": whole, 0-d).
+  struct OwnedState {
+    at::Tensor param;
+    std::string key;
+    at::Tensor rows;
+    int64_t first_row = 0;
+    std::vector<int64_t> whole_shape;
+  };
+  /// This rank's rows of every parameter's state (none for parameters whose rows it does not
+  /// hold; "step" from every rank that has state). No collective: what a sharded checkpoint writes.
+  std::vector<OwnedState> owned_state() const;
+  /// The rows of `param` this rank keeps: [first_row, first_row + owned_rows).
+  ShardSpec spec_of(const at::Tensor& param) const;
+  /// The dtype and device of `param`'s shard (and so of its state).
+  at::TensorOptions shard_options(const at::Tensor& param) const;
+  /// `state_of(param)` holds this rank's rows of the parameter's state (shape [owned_rows,
+  /// shape[1:]...]), as stage_optimizer_state reads them with spec_of's rows.
   BuiltState build_state(const StateOf& state_of) const override;
   void install_state(BuiltState built) override;
-  at::Tensor whole_like(const at::Tensor& param) const override;
   torch::optim::Optimizer& optimizer() { return optimizer_; }
 
  private:

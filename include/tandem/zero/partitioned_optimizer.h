@@ -32,14 +32,12 @@ class PartitionedOptimizer {
   /// zero::state_tensors gives them). Collective; every rank gets all of it. Parameters without
   /// state yet are left out.
   virtual std::vector<std::pair<at::Tensor, NamedState>> gather_state() = 0;
-  /// Checkpoints: this rank's pieces' state cut from every parameter's whole state (`state_of`,
-  /// null when none), checked but not installed (throws tandem::Error).
+  /// Checkpoints: this rank's pieces' state built from each parameter's staged state (`state_of`,
+  /// null when none: whole, or, for FsdpOptimizer, only this rank's rows), checked but not
+  /// installed (throws tandem::Error).
   virtual BuiltState build_state(const StateOf& state_of) const = 0;
   /// Replaces the pieces' state by what build_state made (does not throw for its result).
   virtual void install_state(BuiltState built) = 0;
-  /// A tensor of `param`'s whole shape, dtype and device, to check whole state against (the
-  /// parameter itself, unless it holds no data between steps as under FSDP).
-  virtual at::Tensor whole_like(const at::Tensor& param) const { return param; }
 };
 
 }  // namespace tandem::zero
