@@ -6,7 +6,7 @@
 # First both jobs run without a budget and report their peak RSS; the budget is FSDP's peak plus
 # 10 % (RSS counts shared-library pages the cgroup may not be charged for, so FSDP's own peak is a
 # safe budget for it, and DDP's peak must exceed it by more than those pages: 300 MB); then DDP
-# under it must be killed and FSDP must train. Exit 77 (skipped) where
+# under it must be killed and FSDP must train and save its (sharded) checkpoint. Exit 77 (skipped) where
 # this machine gives no writable memory cgroup.
 set -u
 tandem="$1"; trainer="$2"
@@ -33,7 +33,8 @@ job() {  # job STRATEGY LIMIT_BYTES(0: none) -> exit status; output in $work/STR
     if [ "$1" != 0 ]; then
       cg="$2/rank$RANK"; mkdir -p "$cg" && echo "$1" > "$cg/$3" && echo $$ > "$cg/cgroup.procs" || exit 3
     fi
-    shift 3; exec "$@"' budget "$2" "$cg_root" "$limit_file" "$trainer" --strategy "$1" >"$work/$1-$2.log" 2>&1
+    shift 3; exec "$@"' budget "$2" "$cg_root" "$limit_file" "$trainer" --strategy "$1" --checkpoints "$work/$1-$2.ckpt" \
+    >"$work/$1-$2.log" 2>&1
 }
 peak() { grep -o 'peak RSS [0-9]*' "$work/$1-0.log" | awk '{print $3}' | sort -n | tail -1; }
 
@@ -57,5 +58,12 @@ if (( ddp_status != 0 )) && ! grep -q "failed with signal 9 (Killed)" "$work/ddp
   echo "FAIL: DDP failed, but not killed for memory:"; tail -3 "$work/ddp-$(( budget * 1024 * 1024 )).log"; status=1
 fi
 (( fsdp_status == 0 )) || { echo "FAIL: FSDP did not train under the budget"; tail -5 "$work/fsdp-$(( budget * 1024 * 1024 )).log"; status=1; }
+# Its checkpoint, written within the budget: every rank's rows, no whole model anywhere.
+if (( fsdp_status == 0 )); then
+  info=$("$tandem" checkpoint info "$work/fsdp-$(( budget * 1024 * 1024 )).ckpt" 2>&1) &&
+    grep -q "model_0.rank\*.safetensors, sharded by rows in 4 files: 24 tensors, 50356224 elements" <<<"$info" &&
+    echo "  checkpoint saved under the budget: $(grep '^model 0' <<<"$info")" ||
+    { echo "FAIL: FSDP's checkpoint under the budget: $info"; status=1; }
+fi
 (( status == 0 )) && echo "a model over the budget under DDP trains under FSDP (budget $budget MB per process, enforced by a memory cgroup)"
 exit $status
