@@ -12,7 +12,6 @@ cannot run here. Rank 0 appends one JSON line to --out (or prints it); every ran
 Bad flags: one line on stderr, exit 2. --list-strategies prints STRATEGIES as JSON.
 """
 import argparse
-import gc
 import json
 import math
 import os
@@ -172,44 +171,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: E402  the s
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-# Note [Gloo threads at exit]
-# The peer once failed one run in two under `ctest -j2` (issue 18): both ranks of an accelerate
-# measurement aborted with "terminate called without an active exception" after writing their
-# record. The core dump shows the crash in a Gloo worker thread (pt_gloo_runloop) during
-# Py_FinalizeEx: it dropped the last reference to a finished barrier, whose prior all-gather held a
-# tensor whose Python object the tensor owned; freeing it takes the GIL, a finalizing interpreter
-# ends such a thread with pthread_exit, and the forced unwind through a noexcept destructor calls
-# std::terminate. The thread was alive because the process group was never freed:
-# torch.distributed.nn.functional binds `group=group.WORLD` as a default argument of ten functions,
-# evaluated when the module is first imported. DDP's constructor imports it (through
-# torch._dynamo); after init_process_group that pins the default group forever, so
-# destroy_process_group leaves its threads running until exit, and under load the worker's
-# release lags behind the main thread's exit. Imported before any process group exists, the
-# defaults are None. torch.distributed.optim's ZeroRedundancyOptimizer (the zero1 peer) binds
-# `group=dist.group.WORLD` the same way in a helper's defaults: it is imported early too. Every
-# path then frees what holds the group (the DDP model, accelerate's
-# prepared objects) before destroying it, and the exit checks that no Gloo thread is left.
-
-
-def gloo_threads():
-    """Gloo's worker threads alive in this process (by their name, pt_gloo_runloop)."""
-    count = 0
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                count += f.read().strip() == "pt_gloo_runloop"
-        except OSError:  # the thread ended meanwhile
-            pass
-    return count
-
-
-def end_process_group():
-    """Destroys the default process group; its last references must already be gone, so that
-    its Gloo threads are joined now, while the interpreter is whole (Note [Gloo threads at exit])."""
-    gc.collect()  # a DDP model in a reference cycle still holds the group
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    gc.collect()
+# Note [Gloo threads at exit] is in gloo_exit.py, beside this file.
+from gloo_exit import end_process_group, exit_without_gloo_threads  # noqa: E402
 
 
 def mlp_dims(scale):
@@ -702,31 +665,5 @@ def main(argv=None):
     return Measurement(a, rank, world).run()
 
 
-def exit_without_gloo_threads(status):
-    """Exits with STATUS. Should a Gloo thread still run (a process group something kept alive
-    despite end_process_group), says so in one line and leaves without the interpreter's
-    finalization, where such a thread can abort the process (Note [Gloo threads at exit]);
-    bench.worker.records fails on that line."""
-    left = gloo_threads()
-    for _ in range(20):  # a thread just joined may linger in /proc for a moment
-        if not left:
-            break
-        time.sleep(0.05)
-        left = gloo_threads()
-    if left and FSDP2_USED:
-        # FSDP2 keeps the default group's Gloo threads alive after destroy_process_group (seen with
-        # torch 2.11 even once its modules are freed; a plain init/destroy joins them): expected,
-        # and left the same safe way.
-        sys.stderr.write(f"peer.py: {left} Gloo worker thread(s) still held by FSDP2 after the process group's "
-                         "destruction; leaving through os._exit (Note [Gloo threads at exit])\n")
-    elif left:
-        sys.stderr.write(f"peer.py: {left} Gloo worker thread(s) outlived destroy_process_group; leaving through "
-                         "os._exit (Note [Gloo threads at exit])\n")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    sys.exit(status)
-
-
 if __name__ == "__main__":
-    exit_without_gloo_threads(main())
+    exit_without_gloo_threads(main(), "FSDP2" if FSDP2_USED else "")

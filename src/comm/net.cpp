@@ -54,6 +54,16 @@ std::string busy_port_message(const std::string& where) {
          "for workers started by hand next to a running store";
 }
 
+std::string unresolvable(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &list);
+  if (list) freeaddrinfo(list);
+  return rc == EAI_NONAME || rc == EAI_FAIL || rc == EAI_NODATA ? gai_strerror(rc) : "";
+}
+
 bool is_loopback(const std::string& host) {
   if (host == "localhost" || host == "::1") return true;
   in_addr v4{};

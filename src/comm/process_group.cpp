@@ -1,5 +1,7 @@
 #include "tandem/comm/process_group.h"
 
+#include <ATen/Parallel.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <iterator>
@@ -112,6 +114,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const World& world,
                                                    const ProcessGroupOptions& options) {
   if (options.timeout().count() <= 0) throw Error("ProcessGroupOptions.timeout must be positive");
   if (options.gloo_threads() < 1) throw Error("ProcessGroupOptions.gloo_threads must be >= 1");
+  // Note [Threads under srun] in world.cpp.
+  if (world.intra_op_threads > 0 && at::get_num_threads() != world.intra_op_threads) {
+    at::set_num_threads(world.intra_op_threads);
+  }
   std::shared_ptr<ProcessGroup> pg(new ProcessGroup(world, options));
   pg->debug_level_ = options.debug() ? *options.debug() : debug_level_from_env();
   pg->store_ = rendezvous(world, options.rendezvous_timeout());

@@ -38,6 +38,11 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const World& world, std::chrono::mill
         listen_on(world.master_addr == "localhost" ? "127.0.0.1" : world.master_addr, world.master_port);
   }
 
+  // A name that will never resolve would have every rank retry until the timeout: say so now.
+  if (const std::string why = unresolvable(world.master_addr); !why.empty()) {
+    throw Error("rendezvous: rank 0's host '" + world.master_addr + "' (" + world.master_addr_from +
+                ") does not resolve here: " + why + "; set MASTER_ADDR to rank 0's address");
+  }
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);

@@ -60,6 +60,49 @@ std::optional<int> leading_count(const std::string& name, const std::optional<st
   }
 }
 
+// Note [Slurm's rank 0]
+// Under srun the tasks have Slurm's variables and nothing else: no launcher of ours chose a host
+// and a port for the rendezvous. Every task must derive the same pair by itself:
+// - the host: the first node of the step (SLURM_STEP_NODELIST, else the job's), where Slurm's
+//   block and cyclic distributions place task 0. Slurm writes node lists compressed
+//   ("gpu[07-09,12],cpu3"); the first host is the first of each bracket ("gpu07"). It is a node
+//   name: Slurm sites name nodes by resolvable host names, as Lightning and submitit assume.
+// - the port: the first of SLURM_STEP_RESV_PORTS when the step reserved ports (srun
+//   --resv-ports), else one drawn from the job and step ids (15000 + (31 job + step) mod 20000),
+//   so that two steps of one job, or two jobs on a node, do not choose the same port by rule.
+// MASTER_ADDR and MASTER_PORT, when set, win (sbatch scripts that export them keep working).
+std::string first_slurm_host(const std::string& name, const std::string& list) {
+  const std::string invalid = name + "=\"" + list + "\" is not a Slurm node list";
+  std::string host;
+  for (size_t i = 0; i < list.size() && list[i] != ',';) {
+    if (list[i] != '[') {
+      host += list[i++];
+      continue;
+    }
+    const size_t close = list.find(']', i);
+    TANDEM_CHECK(close != std::string::npos, invalid, " (a '[' without ']')");
+    const std::string first = list.substr(i + 1, list.find_first_of("-,]", i + 1) - i - 1);
+    TANDEM_CHECK(!first.empty() && first.find_first_not_of("0123456789") == std::string::npos, invalid,
+                 " (a range that does not start with a number)");
+    host += first;
+    i = close + 1;
+  }
+  TANDEM_CHECK(!host.empty(), invalid, " (it names no node first)");
+  return host;
+}
+
+int slurm_port(const Reader& env, const World::Lookup& lookup) {
+  if (auto ports = lookup("SLURM_STEP_RESV_PORTS")) {
+    return parse_int("SLURM_STEP_RESV_PORTS", ports->substr(0, ports->find_first_of("-,")), 1, 65535,
+                     "a port range such as 12000-12001");
+  }
+  auto job = lookup("SLURM_JOB_ID");
+  if (!job) return 0;
+  const long long id = parse_int("SLURM_JOB_ID", *job, 0, std::numeric_limits<int>::max(), "a job id (e.g. 4711)");
+  const long long step = env.index("SLURM_STEP_ID").value_or(0);
+  return 15000 + static_cast<int>((31 * id + step) % 20000);
+}
+
 }  // namespace
 
 const char* to_string(WorldSource source) {
@@ -115,7 +158,8 @@ World World::from_lookup(const Lookup& lookup) {
     size_from = size ? read_from("SLURM_NTASKS", *size)
                      : defaulted("the world size", 1, "SLURM_NTASKS is not set");
     w.local_rank = env.index("SLURM_LOCALID").value_or(0);
-    int nodes = env.count("SLURM_NNODES").value_or(1);
+    const auto nnodes = env.count("SLURM_NNODES");
+    const int nodes = nnodes.value_or(1);
     auto per_node = lookup("SLURM_NTASKS_PER_NODE");
     auto local_size = leading_count("SLURM_NTASKS_PER_NODE", per_node);
     w.local_world_size = local_size.value_or((w.world_size + nodes - 1) / nodes);
@@ -123,6 +167,21 @@ World World::from_lookup(const Lookup& lookup) {
                                  : defaulted("the local world size", w.local_world_size,
                                              "SLURM_NTASKS_PER_NODE is not set: SLURM_NTASKS / SLURM_NNODES");
     w.group_rank = env.index("SLURM_NODEID").value_or(w.rank / w.local_world_size);
+    // Note [Threads under srun]
+    // torchrun and tandem run give each of several workers on a host OMP_NUM_THREADS=1, so that
+    // N processes do not run N OpenMP pools over every core. srun starts the tasks itself and
+    // sets no such variable; Slurm's statement of a task's CPUs is SLURM_CPUS_PER_TASK (srun -c).
+    // So a task of Slurm's, with OMP_NUM_THREADS unset, uses SLURM_CPUS_PER_TASK threads, or 1
+    // when several tasks share its node: what the same job gets under tandem run (and the same
+    // bits: the kernels' sums depend on the thread count).
+    if (!env.has("OMP_NUM_THREADS")) {
+      w.intra_op_threads = env.count("SLURM_CPUS_PER_TASK").value_or(w.local_world_size > 1 ? 1 : 0);
+    }
+    if (nnodes) {  // Slurm's variables must agree with each other
+      TANDEM_CHECK(w.group_rank < nodes, "SLURM_NODEID=", w.group_rank, " must be less than SLURM_NNODES=", nodes);
+      TANDEM_CHECK(static_cast<int64_t>(w.local_world_size) * nodes >= w.world_size, local_size_from, " on SLURM_NNODES=",
+                   nodes, " node(s) cannot hold ", size_from, " tasks");
+    }
   } else if (env.has("OMPI_COMM_WORLD_RANK")) {
     w.source = WorldSource::OpenMpi;
     rank_name = "OMPI_COMM_WORLD_RANK", local_rank_name = "OMPI_COMM_WORLD_LOCAL_RANK";
@@ -148,9 +207,21 @@ World World::from_lookup(const Lookup& lookup) {
                                                    " must be less than " + local_size_from);
   }
 
-  if (auto addr = env.text("MASTER_ADDR")) w.master_addr = *addr;
+  if (auto addr = env.text("MASTER_ADDR")) {
+    w.master_addr = *addr;
+  } else if (w.source == WorldSource::Slurm) {  // Note [Slurm's rank 0]
+    for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
+      if (auto list = env.text(name)) {
+        w.master_addr = first_slurm_host(name, *list);
+        w.master_addr_from = std::string("the first node of ") + name + "=" + *list;
+        break;
+      }
+    }
+  }
   if (auto port = lookup("MASTER_PORT")) {
     w.master_port = parse_int("MASTER_PORT", *port, 1, 65535, "a TCP port number in 1..65535");
+  } else if (w.source == WorldSource::Slurm) {
+    w.master_port = slurm_port(env, lookup);
   }
   if (w.world_size > 1) {
     // How a user of this source sets the two variables.
@@ -158,10 +229,11 @@ World World::from_lookup(const Lookup& lookup) {
                               (w.source == WorldSource::Torchrun ? "" : " (" + size_from + ")");
     const std::string addr_example =
         w.source == WorldSource::OpenMpi ? "mpirun -x MASTER_ADDR=127.0.0.1"
-        : w.source == WorldSource::Slurm ? "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"
+        : w.source == WorldSource::Slurm ? "srun sets SLURM_STEP_NODELIST, or MASTER_ADDR=$(scontrol show hostnames | head -n 1)"
                                          : "MASTER_ADDR=127.0.0.1";
-    const std::string port_example =
-        w.source == WorldSource::OpenMpi ? "mpirun -x MASTER_PORT=29500" : "MASTER_PORT=29500";
+    const std::string port_example = w.source == WorldSource::OpenMpi ? "mpirun -x MASTER_PORT=29500"
+                                      : w.source == WorldSource::Slurm ? "srun sets SLURM_JOB_ID, or MASTER_PORT=29500"
+                                                                       : "MASTER_PORT=29500";
     TANDEM_CHECK(!w.master_addr.empty(),
             "MASTER_ADDR is not set: " + world + " needs the host of rank 0 (e.g. " + addr_example + ")");
     TANDEM_CHECK(w.master_port != 0,

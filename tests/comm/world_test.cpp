@@ -113,6 +113,50 @@ TEST(World, FallsBackToSlurm) {
   EXPECT_EQ(w.group_rank, 1);
 }
 
+// Note [Slurm's rank 0]: under srun, rank 0's host and port come from Slurm's own variables.
+TEST(World, SlurmDerivesRankZerosHostAndPortFromTheStep) {
+  Env step{{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_NNODES", "2"}, {"SLURM_NTASKS_PER_NODE", "2(x2)"},
+           {"SLURM_NODEID", "0"}, {"SLURM_STEP_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_NODELIST", "gpu[01-08]"},
+           {"SLURM_JOB_ID", "4711"}, {"SLURM_STEP_ID", "3"}};
+  World w = from(step);
+  EXPECT_EQ(w.master_addr, "gpu07");
+  EXPECT_EQ(w.master_port, 15000 + (31 * 4711 + 3) % 20000);
+  EXPECT_EQ(from(with(step, "SLURM_STEP_ID", "4")).master_port, w.master_port + 1);  // another step, another port
+  EXPECT_EQ(from(with(step, "SLURM_STEP_NODELIST", std::nullopt)).master_addr, "gpu01");  // the job's list
+  EXPECT_EQ(from(with(step, "SLURM_STEP_RESV_PORTS", "12000-12001")).master_port, 12000);
+  // MASTER_ADDR and MASTER_PORT, when set, win.
+  World set = from(with(with(step, "MASTER_ADDR", "10.0.0.9"), "MASTER_PORT", "29400"));
+  EXPECT_EQ(set.master_addr, "10.0.0.9");
+  EXPECT_EQ(set.master_port, 29400);
+}
+
+// Note [Threads under srun]: one thread per task when several share a node, as tandem run gives.
+TEST(World, SlurmTasksGetTheThreadsTandemRunWouldGive) {
+  Env two{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "1"}, {"SLURM_STEP_NODELIST", "n1"},
+          {"SLURM_JOB_ID", "9"}};
+  EXPECT_EQ(from(two).intra_op_threads, 1);
+  EXPECT_EQ(from(with(two, "SLURM_CPUS_PER_TASK", "4")).intra_op_threads, 4);
+  EXPECT_EQ(from(with(two, "OMP_NUM_THREADS", "3")).intra_op_threads, 0);  // the user's choice stands
+  EXPECT_EQ(from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}).intra_op_threads, 0);  // alone on its node
+  EXPECT_EQ(from(kTorchrun).intra_op_threads, 0);  // the launcher decides
+}
+
+TEST(World, SlurmNodeListsGiveTheirFirstHost) {
+  for (const auto& [list, host] : std::vector<std::pair<std::string, std::string>>{
+           {"tandem1", "tandem1"},
+           {"n5,n1", "n5"},
+           {"a[08-10]b,c", "a08b"},
+           {"rack[1-2]-node[3,5]", "rack1-node3"},
+           {"node[5]", "node5"},
+           {"node[012,3-4]", "node012"},
+           {"host.example.org", "host.example.org"}}) {
+    EXPECT_EQ(from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", list}, {"SLURM_JOB_ID", "1"}})
+                  .master_addr,
+              host)
+        << list;
+  }
+}
+
 TEST(World, FallsBackToOpenMpi) {
   World w = from({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
@@ -251,10 +295,31 @@ INSTANTIATE_TEST_SUITE_P(
                 "SLURM_NTASKS=\"four\" is not valid: expected a positive integer (e.g. 4)"},
         BadCase{"SlurmMissingMasterAddr", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}},
                 "MASTER_ADDR is not set: a world of 4 ranks (SLURM_NTASKS=4) needs the host of rank 0 "
-                "(e.g. MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1))"},
+                "(e.g. srun sets SLURM_STEP_NODELIST, or MASTER_ADDR=$(scontrol show hostnames | head -n 1))"},
         BadCase{"SlurmMissingMasterPort", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"MASTER_ADDR", "n0"}},
                 "MASTER_PORT is not set: a world of 4 ranks (SLURM_NTASKS=4) needs rank 0's store port "
-                "(e.g. MASTER_PORT=29500)"},
+                "(e.g. srun sets SLURM_JOB_ID, or MASTER_PORT=29500)"},
+        // Slurm's variables that disagree with each other.
+        BadCase{"SlurmNodeIdAtNodes",
+                {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "2"}},
+                "SLURM_NODEID=2 must be less than SLURM_NNODES=2"},
+        BadCase{"SlurmTasksPerNodeTooFewForNtasks",
+                {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_NNODES", "2"}, {"SLURM_NTASKS_PER_NODE", "2(x2)"}},
+                "SLURM_NTASKS_PER_NODE=2(x2) on SLURM_NNODES=2 node(s) cannot hold SLURM_NTASKS=8 tasks"},
+        BadCase{"SlurmNodeListUnclosed",
+                {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", "n[1-2"}},
+                "SLURM_STEP_NODELIST=\"n[1-2\" is not a Slurm node list (a '[' without ']')"},
+        BadCase{"SlurmNodeListRangeNotNumbers",
+                {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", "n[a-b]"}},
+                "SLURM_STEP_NODELIST=\"n[a-b]\" is not a Slurm node list (a range that does not start with a number)"},
+        BadCase{"SlurmNodeListLeadingComma",
+                {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", ",n1"}},
+                "SLURM_STEP_NODELIST=\",n1\" is not a Slurm node list (it names no node first)"},
+        BadCase{"SlurmNodeListEmpty", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", ""}},
+                "SLURM_STEP_NODELIST is set but empty"},
+        BadCase{"SlurmJobIdNotANumber",
+                {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", "n1"}, {"SLURM_JOB_ID", "x"}},
+                "SLURM_JOB_ID=\"x\" is not valid: expected a job id (e.g. 4711)"},
         BadCase{"MpiRankAtSize", {{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
                 "OMPI_COMM_WORLD_RANK=2 must be less than OMPI_COMM_WORLD_SIZE=2"},
         BadCase{"MpiRankWithoutSize", {{"OMPI_COMM_WORLD_RANK", "1"}},

@@ -23,6 +23,10 @@ int pick_free_port(const std::string& host = "127.0.0.1");
 /// Whether host:port can be bound now. Used to fail early with a clear message.
 bool port_is_free(const std::string& host, int port);
 
+/// Why `host` does not resolve, when the resolver says it never will (no such name: a typo, a
+/// node name that is no host name); "" when it resolves, or may later (a resolver that is down).
+std::string unresolvable(const std::string& host);
+
 /// This machine's address on the route towards `host` (no packet is sent): the interface that
 /// Gloo should use to reach rank 0 in a multi-node job.
 std::string local_address_towards(const std::string& host);

@@ -34,6 +34,9 @@ struct World {
   int group_rank = 0;  // the node's index (torchrun's GROUP_RANK)
   std::string master_addr;
   int master_port = 0;
+  /// Where master_addr came from, for messages: "MASTER_ADDR", or the Slurm variable it was
+  /// derived from ("the first node of SLURM_STEP_NODELIST=gpu[07-08]", Note [Slurm's rank 0]).
+  std::string master_addr_from = "MASTER_ADDR";
   int restart_count = 0;
   int max_restarts = 0;
   std::string run_id;
@@ -42,6 +45,9 @@ struct World {
   /// as a client (Note [Rendezvous] in rendezvous.h). Absent or False: rank 0 hosts the store.
   bool use_agent_store = false;
   WorldSource source = WorldSource::Single;
+  /// Intra-op threads the process should use, 0: leave LibTorch's choice alone. Set under Slurm
+  /// when OMP_NUM_THREADS is not (Note [Threads under srun]); ProcessGroup::create applies it.
+  int intra_op_threads = 0;
 
   /// Reads the process environment. Throws tandem::Error naming the variable on bad input.
   static World from_env();
