@@ -27,3 +27,8 @@ endforeach()
 set_tests_properties(faults.reference faults.restart.kill9_mid_epoch faults.checkpoint.kill9_during_save
   faults.sigterm.checkpoint_in_grace faults.rendezvous.loopback faults.rendezvous.run_id faults.rendezvous.busy_port
   PROPERTIES LABELS "faults;multiprocess" TIMEOUT 240)
+# Preemption under a real (private) Slurm: examples/slurm/requeue.sbatch, scancel --signal=TERM,
+# the job requeued and resumed bit for bit (label slurm; skipped without Slurm).
+add_test(NAME slurm.requeue COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/launch/slurm_requeue_test.sh ${_trainer} ${_reference})
+set_tests_properties(slurm.requeue PROPERTIES FIXTURES_REQUIRED faults_reference LABELS "slurm;faults;multiprocess"
+  TIMEOUT 300 SKIP_RETURN_CODE 77 RUN_SERIAL ON)
