@@ -6,9 +6,12 @@
 //       [--checkpointing-steps N] [--resume-from DIR]
 //
 // It prints the test accuracy and the throughput at the end, and leaves a checkpoint. A checkpoint
-// resumes under any number of processes: the rest of its epoch is shared among them.
+// resumes under any number of processes: the rest of its epoch is shared among them. A job started
+// again (requeued by Slurm, restarted by its launcher) resumes from the newest checkpoint under
+// --checkpoints by itself.
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -81,9 +84,17 @@ int train(int argc, char** argv) {
   acc.prepare_optimizer(optimizer);
   auto train_loader = acc.prepare_data(train_set.images(), train_set.targets(), batch_size);
   auto test_loader = acc.prepare_data(test_set.images(), test_set.targets(), 256, /*shuffle=*/false);
+  // --resume-from, or by itself when the job was started again (requeued by Slurm, restarted by
+  // its launcher): the newest checkpoint under --checkpoints, if there is one.
+  std::optional<std::string> resumed;
   if (!resume_from.empty()) {
     acc.load_state(resume_from);
-    acc.print("resumed from %s at step %lld (epoch %lld)\n", resume_from.c_str(),
+    resumed = resume_from;
+  } else if (acc.restarted()) {
+    resumed = acc.load_state_if_any(checkpoints);
+  }
+  if (resumed) {
+    acc.print("resumed from %s at step %lld (epoch %lld)\n", resumed->c_str(),
               static_cast<long long>(acc.completed_steps()), static_cast<long long>(train_loader.epoch()));
   }
 

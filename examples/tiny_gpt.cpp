@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -143,9 +144,17 @@ int train(int argc, char** argv) {
   auto [test_x, test_y] = sentences(512, context, 2);
   auto train_loader = acc.prepare_data(train_x, train_y, batch_size);
   auto test_loader = acc.prepare_data(test_x, test_y, 64, /*shuffle=*/false);
+  // --resume-from, or by itself when the job was started again (requeued by Slurm, restarted by
+  // its launcher): the newest checkpoint under --checkpoints, if there is one.
+  std::optional<std::string> resumed;
   if (!resume_from.empty()) {
     acc.load_state(resume_from);
-    acc.print("resumed from %s at step %lld (epoch %lld)\n", resume_from.c_str(),
+    resumed = resume_from;
+  } else if (acc.restarted()) {
+    resumed = acc.load_state_if_any(checkpoints);
+  }
+  if (resumed) {
+    acc.print("resumed from %s at step %lld (epoch %lld)\n", resumed->c_str(),
               static_cast<long long>(acc.completed_steps()), static_cast<long long>(train_loader.epoch()));
   }
 

@@ -241,6 +241,7 @@ World World::from_lookup(const Lookup& lookup) {
   }
   w.restart_count = env.index("TORCHELASTIC_RESTART_COUNT").value_or(0);
   w.max_restarts = env.index("TORCHELASTIC_MAX_RESTARTS").value_or(0);
+  w.requeue_count = env.index("SLURM_RESTART_COUNT").value_or(0);
   if (auto id = lookup("TORCHELASTIC_RUN_ID")) w.run_id = *id;
   // torchrun writes Python's str(bool); PyTorch compares with "True". Anything else is a typo
   // that would silently make rank 0 fight the agent for its port: refuse it.

@@ -153,6 +153,10 @@ class Accelerator {
   bool optimizer_step_was_skipped() const { return step_skipped_; }
   /// Optimizer steps taken (skipped fp16 steps included), the step counter of checkpoints.
   int64_t completed_steps() const { return completed_steps_; }
+  /// Whether this job was started again: its launcher restarted the workers (tandem run or
+  /// torchrun --max-restarts) or Slurm requeued it. Such a job goes on from its newest checkpoint
+  /// (load_state_if_any) instead of starting afresh (docs/cluster.md; the examples do).
+  bool restarted() const { return world_.restart_count > 0 || world_.requeue_count > 0; }
   /// The user's module of a prepared model.
   template <typename ModuleHolder>
   ModuleHolder& unwrap(PreparedModel<ModuleHolder>& model) { return model->module(); }

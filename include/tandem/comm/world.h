@@ -37,8 +37,9 @@ struct World {
   /// Where master_addr came from, for messages: "MASTER_ADDR", or the Slurm variable it was
   /// derived from ("the first node of SLURM_STEP_NODELIST=gpu[07-08]", Note [Slurm's rank 0]).
   std::string master_addr_from = "MASTER_ADDR";
-  int restart_count = 0;
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: the launcher started the workers again
   int max_restarts = 0;
+  int requeue_count = 0;  // SLURM_RESTART_COUNT: Slurm started the job again (requeued)
   std::string run_id;
   /// TORCHELASTIC_USE_AGENT_STORE=True: the launcher (torchrun's agent) already serves the
   /// rendezvous store at MASTER_ADDR:MASTER_PORT, so every rank, rank 0 included, connects to it
