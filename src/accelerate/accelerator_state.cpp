@@ -384,8 +384,7 @@ void Accelerator::load_state(const std::string& path) {
     const auto identities = model_identities();
     staged.weights.resize(models_.size());
     for (size_t m = 0; m < models_.size(); ++m) {
-      std::vector<std::string> files{model_file(m, 0, false)};
-      if (state.contains("model_files")) files = state.at("model_files").at(m).get<std::vector<std::string>>();
+      const auto files = accelerate::model_files(state, m);
       std::vector<std::string> paths;
       for (const auto& f : files) paths.push_back(reader.path(f));
       const std::string file = files.size() == 1 ? files[0] : message("model_", m, ".rank*.safetensors");

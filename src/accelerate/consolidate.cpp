@@ -78,10 +78,8 @@ void consolidate_model(const std::string& checkpoint, size_t model, const std::s
     const auto state = state_of(reader, where);
     const auto models = state.at("models").get<size_t>();
     TANDEM_CHECK(model < models, where, " holds ", models, " model(s); there is no model ", model);
-    std::vector<std::string> files{"model_" + std::to_string(model) + ".safetensors"};
-    if (state.contains("model_files")) files = state.at("model_files").at(model).get<std::vector<std::string>>();
     std::vector<std::string> paths;
-    for (const auto& file : files) paths.push_back(reader.path(file));
+    for (const auto& file : model_files(state, model)) paths.push_back(reader.path(file));
     const ShardedTensors shards(paths, where);
     std::vector<std::pair<std::string, at::Tensor>> whole;
     for (const auto& name : shards.names()) whole.emplace_back(name, shards.whole(name));

@@ -18,6 +18,11 @@ std::string shape_text(const std::vector<int64_t>& shape) { return c10::str(c10:
 
 }  // namespace
 
+std::vector<std::string> model_files(const nlohmann::json& state, size_t model) {
+  if (!state.contains("model_files")) return {"model_" + std::to_string(model) + ".safetensors"};
+  return state.at("model_files").at(model).get<std::vector<std::string>>();
+}
+
 std::string row_pieces_bytes(const std::vector<RowPiece>& pieces) {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   nlohmann::json rows = nlohmann::json::object();

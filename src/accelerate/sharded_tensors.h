@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
 
 #include "tandem/accelerate/safetensors.h"
 
@@ -35,6 +36,10 @@ struct RowPiece {
   int64_t first_row = 0;
   std::vector<int64_t> whole_shape;
 };
+
+/// The files that hold model `model`'s tensors, by a checkpoint's state.json: its "model_files"
+/// entry, or model_<m>.safetensors in checkpoints written before sharded models existed.
+std::vector<std::string> model_files(const nlohmann::json& state, size_t model);
 
 /// The safetensors bytes of `pieces`, with "format": "pt" and the rows metadata for the pieces
 /// that are not whole.

@@ -37,8 +37,7 @@ int info(const std::string& path) {
     std::printf("step         %lld, saved by %d process(es)\n",
                 static_cast<long long>(state.at("completed_steps").get<int64_t>()), state.at("world_size").get<int>());
     for (size_t m = 0; m < state.at("models").get<size_t>(); ++m) {
-      std::vector<std::string> files{"model_" + std::to_string(m) + ".safetensors"};
-      if (state.contains("model_files")) files = state.at("model_files").at(m).get<std::vector<std::string>>();
+      const auto files = accelerate::model_files(state, m);
       std::vector<std::string> paths;
       for (const auto& f : files) paths.push_back(reader.path(f));
       const accelerate::ShardedTensors weights(paths, "checkpoint " + reader.dir());  // headers only
