@@ -31,7 +31,7 @@ namespace tandem {
 
 // Note [Resuming at another world size]
 // A checkpoint holds nothing that depends on the world size it was written at:
-// - the weights are whole (every rank holds them);
+// - the weights are by name, whole or as rows of any cut (Note [Sharded checkpoints]);
 // - each optimizer's state is by parameter name (Note [Optimizer state by name]), whole or one
 //   file per rank of a sharded optimizer; a loader keeps what it holds under its own sharding;
 // - the loaders' positions count the samples of the epoch's order consumed (Note [Loader
@@ -58,14 +58,27 @@ std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
   return out.str();
 }
 
-// Every rank's `bytes` to the main process, one rank after another, in pieces of 64 MiB (the MPI
-// backend moves at most 128 MiB per rank at once): the main process calls `consume(r, bytes)` for
-// each rank r in order and holds only its own bytes and one other rank's at a time, so a sharded
-// checkpoint is never whole in one process. Collective.
-void send_to_main(const std::shared_ptr<comm::ProcessGroup>& pg, std::string mine,
+// Every rank's bytes (`build()`) to the main process, one rank after another, in pieces of 64 MiB
+// (the MPI backend moves at most 128 MiB per rank at once): the main process calls
+// `consume(r, bytes)` for each rank r in order and holds only its own bytes and one other rank's
+// at a time, so a sharded checkpoint is never whole in one process. The ranks first agree that
+// every one of them built its bytes: one that failed (out of memory) makes every rank throw
+// instead of leaving the others waiting in a broadcast. Collective.
+void send_to_main(const std::shared_ptr<comm::ProcessGroup>& pg, const std::function<std::string()>& build,
                   const std::function<void(int, std::string)>& consume) {
   const int world = pg ? pg->size() : 1, rank = pg ? pg->rank() : 0;
-  if (world == 1) return consume(0, std::move(mine));
+  if (world == 1) return consume(0, build());
+  std::string mine, failure;
+  try {
+    mine = build();
+  } catch (const std::exception& e) {
+    failure = one_line(e);
+  }
+  at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
+  pg->all_reduce(failed, comm::ReduceOp::Max);
+  TANDEM_CHECK(failure.empty(), "save_state: ", failure);
+  TANDEM_CHECK(failed.item<int>() == 0, "save_state: another process could not serialize its part of the "
+                                        "checkpoint (its error says why); nothing was written");
   constexpr int64_t kPiece = int64_t{64} << 20;
   for (int r = 0; r < world; ++r) {
     at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
@@ -222,14 +235,19 @@ std::string Accelerator::save_state(const std::string& root) {
       model_files.back().push_back(file);
       continue;
     }
-    std::vector<accelerate::RowPiece> pieces;
-    for (size_t i = 0; i < layout.size(); ++i) {
-      const auto& slot = layout[i];
-      if (slot.count > 0 || (slot.count < 0 && world_.rank == 0)) {  // whole tensors (buffers): rank 0's
-        pieces.push_back({slot.name, held[i].second, slot.first_row, slot.shape});
+    auto build = [&] {
+      std::vector<accelerate::RowPiece> pieces;
+      for (size_t i = 0; i < layout.size(); ++i) {
+        const auto& slot = layout[i];
+        // Whole tensors (buffers) and tensors of no rows at all (one empty piece): rank 0's.
+        const bool empty = !slot.shape.empty() && slot.shape[0] == 0;
+        if (slot.count > 0 || (world_.rank == 0 && (slot.count < 0 || empty))) {
+          pieces.push_back({slot.name, held[i].second, slot.first_row, slot.shape});
+        }
       }
-    }
-    send_to_main(pg_, accelerate::row_pieces_bytes(pieces), [&](int r, std::string bytes) {
+      return accelerate::row_pieces_bytes(pieces);
+    };
+    send_to_main(pg_, build, [&](int r, std::string bytes) {
       attempt([&] { writer->add_file(model_file(m, r, true), bytes); });
     });
     for (int r = 0; r < world; ++r) model_files.back().push_back(model_file(m, r, true));
@@ -250,21 +268,21 @@ std::string Accelerator::save_state(const std::string& root) {
     entry["sharded"] = sharded;
     entry["files"] = nlohmann::json::array();
     if (sharded) {
-      std::string mine;
-      if (rows) {
+      auto build = [&]() -> std::string {
+        if (!rows) {
+          return named ? accelerate::safetensors_bytes(accelerate::named_state(optimizer, held_parameters(o), names),
+                                                       {{"format", "pt"}})
+                       : optimizer_bytes(optimizer);
+        }
         std::vector<accelerate::RowPiece> pieces;
         for (auto& owned : rows->owned_state()) {
           if (owned.key == "step" && world_.rank != 0) continue;  // the same on every rank
           pieces.push_back({names.at(owned.param.unsafeGetTensorImpl()) + "." + owned.key, owned.rows, owned.first_row,
                             owned.key == "step" ? owned.rows.sizes().vec() : owned.whole_shape});
         }
-        mine = accelerate::row_pieces_bytes(pieces);
-      } else {
-        mine = named ? accelerate::safetensors_bytes(accelerate::named_state(optimizer, held_parameters(o), names),
-                                                     {{"format", "pt"}})
-                     : optimizer_bytes(optimizer);
-      }
-      send_to_main(pg_, std::move(mine), [&](int r, std::string bytes) {
+        return accelerate::row_pieces_bytes(pieces);
+      };
+      send_to_main(pg_, build, [&](int r, std::string bytes) {
         attempt([&] { writer->add_file(optimizer_file(o, r, true, named), bytes); });
       });
       for (int r = 0; r < world; ++r) entry["files"].push_back(optimizer_file(o, r, true, named));

@@ -1,6 +1,7 @@
 #include "accelerate/sharded_tensors.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -63,11 +64,15 @@ ShardedTensors::ShardedTensors(const std::vector<std::string>& paths, std::strin
       int64_t first = 0;
       if (rows.contains(entry.name)) {
         const auto& v = rows[entry.name];
-        bool valid = v.is_array() && v.size() == 2 && v[0].is_number_unsigned() && v[1].is_array();
+        // Numbers as JSON gives them (unsigned 64-bit), each at most INT64_MAX: no input wraps.
+        auto fits = [](const nlohmann::json& x) {
+          return x.is_number_unsigned() && x.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
+        };
+        bool valid = v.is_array() && v.size() == 2 && fits(v[0]) && v[1].is_array();
         if (valid) {
           shape.clear();
           for (const auto& d : v[1]) {
-            valid = valid && d.is_number_unsigned();
+            valid = valid && fits(d);
             if (valid) shape.push_back(d.get<int64_t>());
           }
           first = valid ? v[0].get<int64_t>() : 0;
@@ -78,8 +83,8 @@ ShardedTensors::ShardedTensors(const std::vector<std::string>& paths, std::strin
         std::vector<int64_t> expected = shape;
         if (expected.empty()) expected = {entry.shape.empty() ? -1 : entry.shape[0]};
         else if (!entry.shape.empty()) expected[0] = entry.shape[0];
-        TANDEM_CHECK(entry.shape.size() == expected.size() && entry.shape == expected &&
-                         first + entry.shape[0] <= rows_in(shape),
+        TANDEM_CHECK(entry.shape.size() == expected.size() && entry.shape == expected && first <= rows_in(shape) &&
+                         entry.shape[0] <= rows_in(shape) - first,
                      where_, ": ", file, ": '", entry.name, "' is ", shape_text(entry.shape), " from row ", first,
                      ", which is not rows of a ", shape_text(shape), " tensor");
       }

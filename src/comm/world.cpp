@@ -63,13 +63,17 @@ std::optional<int> leading_count(const std::string& name, const std::optional<st
 // Note [Slurm's rank 0]
 // Under srun the tasks have Slurm's variables and nothing else: no launcher of ours chose a host
 // and a port for the rendezvous. Every task must derive the same pair by itself:
-// - the host: the first node of the step (SLURM_STEP_NODELIST, else the job's), where Slurm's
-//   block and cyclic distributions place task 0. Slurm writes node lists compressed
+// - the host: the first node of the step (SLURM_STEP_NODELIST), where Slurm's block and cyclic
+//   distributions place task 0 (not so with --distribution=arbitrary, SLURM_HOSTFILE or plane
+//   layouts that start elsewhere: set MASTER_ADDR there). Only a step has one: a batch script
+//   itself (sbatch without srun) is no step, and its "tasks" are not started, so there a world
+//   of several still needs MASTER_ADDR (or srun, or tandem run) instead of waiting for no one. Slurm writes node lists compressed
 //   ("gpu[07-09,12],cpu3"); the first host is the first of each bracket ("gpu07"). It is a node
 //   name: Slurm sites name nodes by resolvable host names, as Lightning and submitit assume.
 // - the port: the first of SLURM_STEP_RESV_PORTS when the step reserved ports (srun
-//   --resv-ports), else one drawn from the job and step ids (15000 + (31 job + step) mod 20000),
-//   so that two steps of one job, or two jobs on a node, do not choose the same port by rule.
+//   --resv-ports), else one drawn from the job and step ids (15000 + (31 job + step) mod 17000,
+//   below Linux's ephemeral ports from 32768), so that two steps of one job, or two jobs on a
+//   node, do not choose the same port by rule.
 // MASTER_ADDR and MASTER_PORT, when set, win (sbatch scripts that export them keep working).
 std::string first_slurm_host(const std::string& name, const std::string& list) {
   const std::string invalid = name + "=\"" + list + "\" is not a Slurm node list";
@@ -100,7 +104,7 @@ int slurm_port(const Reader& env, const World::Lookup& lookup) {
   if (!job) return 0;
   const long long id = parse_int("SLURM_JOB_ID", *job, 0, std::numeric_limits<int>::max(), "a job id (e.g. 4711)");
   const long long step = env.index("SLURM_STEP_ID").value_or(0);
-  return 15000 + static_cast<int>((31 * id + step) % 20000);
+  return 15000 + static_cast<int>((31 * id + step) % 17000);
 }
 
 }  // namespace
@@ -209,18 +213,15 @@ World World::from_lookup(const Lookup& lookup) {
 
   if (auto addr = env.text("MASTER_ADDR")) {
     w.master_addr = *addr;
-  } else if (w.source == WorldSource::Slurm) {  // Note [Slurm's rank 0]
-    for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
-      if (auto list = env.text(name)) {
-        w.master_addr = first_slurm_host(name, *list);
-        w.master_addr_from = std::string("the first node of ") + name + "=" + *list;
-        break;
-      }
+  } else if (w.source == WorldSource::Slurm && w.world_size > 1) {  // Note [Slurm's rank 0]
+    if (auto list = env.text("SLURM_STEP_NODELIST")) {
+      w.master_addr = first_slurm_host("SLURM_STEP_NODELIST", *list);
+      w.master_addr_from = "the first node of SLURM_STEP_NODELIST=" + *list;
     }
   }
   if (auto port = lookup("MASTER_PORT")) {
     w.master_port = parse_int("MASTER_PORT", *port, 1, 65535, "a TCP port number in 1..65535");
-  } else if (w.source == WorldSource::Slurm) {
+  } else if (w.source == WorldSource::Slurm && w.world_size > 1) {
     w.master_port = slurm_port(env, lookup);
   }
   if (w.world_size > 1) {
@@ -229,7 +230,7 @@ World World::from_lookup(const Lookup& lookup) {
                               (w.source == WorldSource::Torchrun ? "" : " (" + size_from + ")");
     const std::string addr_example =
         w.source == WorldSource::OpenMpi ? "mpirun -x MASTER_ADDR=127.0.0.1"
-        : w.source == WorldSource::Slurm ? "srun sets SLURM_STEP_NODELIST, or MASTER_ADDR=$(scontrol show hostnames | head -n 1)"
+        : w.source == WorldSource::Slurm ? "start the tasks with srun, which sets SLURM_STEP_NODELIST, or MASTER_ADDR=$(scontrol show hostnames | head -n 1)"
                                          : "MASTER_ADDR=127.0.0.1";
     const std::string port_example = w.source == WorldSource::OpenMpi ? "mpirun -x MASTER_PORT=29500"
                                       : w.source == WorldSource::Slurm ? "srun sets SLURM_JOB_ID, or MASTER_PORT=29500"

@@ -118,7 +118,8 @@ std::vector<FsdpOptimizer::OwnedState> FsdpOptimizer::owned_state() const {
       for (auto& [key, t] : zero::state_tensors(kind_, *it->second)) {
         if (key == "step") {
           out.push_back({all_[g][i], key, t, 0, {}});
-        } else if (spec.owned_rows > 0) {
+        } else if (spec.owned_rows > 0 || (spec.rows == 0 && engine_->process_group()->rank() == 0)) {
+          // (A parameter of no rows at all: rank 0 writes its empty piece, so that it is named.)
           out.push_back({all_[g][i], key, t.reshape(rows_shape), spec.first_row, spec.shape});
         }
       }

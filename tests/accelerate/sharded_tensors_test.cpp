@@ -138,6 +138,11 @@ TEST_F(ShardedTensorsTest, RowsMetadataThatDisagreesWithTheFileIsRefused) {
                "t: e: 'w' is [4, 3] from row 0, which is not rows of a [4, 2] tensor");
   EXPECT_ERROR(ShardedTensors({with("f", R"({"w": [2, [5, 3]]})")}, "t"),
                "t: f: 'w' is [4, 3] from row 2, which is not rows of a [5, 3] tensor");
+  // Numbers past int64 (JSON's unsigned 64-bit) or that overflow a sum: refused, never wrapped.
+  EXPECT_ERROR(ShardedTensors({with("h", R"({"w": [18446744073709551615, [4, 3]]})")}, "t"),
+               "t: h: the rows of 'w' are not [first row, [whole shape]]");
+  EXPECT_ERROR(ShardedTensors({with("i", R"({"w": [9223372036854775807, [9223372036854775807, 3]]})")}, "t"),
+               "t: i: 'w' is [4, 3] from row 9223372036854775807, which is not rows of a [9223372036854775807, 3] tensor");
   EXPECT_ERROR(ShardedTensors({with("g", R"({"w": [1, [5, 3]]})")}, "t"),
                "t: 'w' rows 0 to 1 are in no file: a shard is missing");
 }

@@ -120,9 +120,20 @@ TEST(World, SlurmDerivesRankZerosHostAndPortFromTheStep) {
            {"SLURM_JOB_ID", "4711"}, {"SLURM_STEP_ID", "3"}};
   World w = from(step);
   EXPECT_EQ(w.master_addr, "gpu07");
-  EXPECT_EQ(w.master_port, 15000 + (31 * 4711 + 3) % 20000);
+  EXPECT_EQ(w.master_port, 15000 + (31 * 4711 + 3) % 17000);
   EXPECT_EQ(from(with(step, "SLURM_STEP_ID", "4")).master_port, w.master_port + 1);  // another step, another port
-  EXPECT_EQ(from(with(step, "SLURM_STEP_NODELIST", std::nullopt)).master_addr, "gpu01");  // the job's list
+  // A batch script is no step: its tasks were never started, so nothing is derived (no rank 0 to
+  // wait for), and MASTER_ADDR's message says to use srun.
+  EXPECT_EQ(from(with(with(step, "SLURM_STEP_NODELIST", std::nullopt), "MASTER_ADDR", "n9")).master_addr, "n9");
+  EXPECT_EQ(error_of(with(step, "SLURM_STEP_NODELIST", std::nullopt)).rfind(
+                "MASTER_ADDR is not set: a world of 4 ranks (SLURM_NTASKS=4) needs the host of rank 0 (e.g. start the "
+                "tasks with srun",
+                0),
+            0u);
+  // One task needs no rank 0: a malformed list or job id does not stop it.
+  EXPECT_EQ(from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_NODELIST", "n[1"}, {"SLURM_JOB_ID", "x"}})
+                .master_port,
+            0);
   EXPECT_EQ(from(with(step, "SLURM_STEP_RESV_PORTS", "12000-12001")).master_port, 12000);
   // MASTER_ADDR and MASTER_PORT, when set, win.
   World set = from(with(with(step, "MASTER_ADDR", "10.0.0.9"), "MASTER_PORT", "29400"));
@@ -295,7 +306,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "SLURM_NTASKS=\"four\" is not valid: expected a positive integer (e.g. 4)"},
         BadCase{"SlurmMissingMasterAddr", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}},
                 "MASTER_ADDR is not set: a world of 4 ranks (SLURM_NTASKS=4) needs the host of rank 0 "
-                "(e.g. srun sets SLURM_STEP_NODELIST, or MASTER_ADDR=$(scontrol show hostnames | head -n 1))"},
+                "(e.g. start the tasks with srun, which sets SLURM_STEP_NODELIST, or MASTER_ADDR=$(scontrol show hostnames | "
+                "head -n 1))"},
         BadCase{"SlurmMissingMasterPort", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"MASTER_ADDR", "n0"}},
                 "MASTER_PORT is not set: a world of 4 ranks (SLURM_NTASKS=4) needs rank 0's store port "
                 "(e.g. srun sets SLURM_JOB_ID, or MASTER_PORT=29500)"},

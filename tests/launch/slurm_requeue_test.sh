@@ -30,14 +30,14 @@ scancel --signal=TERM --batch "$job"
 # Slurm holds a requeued batch job for a while before it may start again (reason BeginTime; about
 # 3 minutes here): that is the site's scheduling, not the recipe. The test lets it start now.
 for _ in $(seq 300); do
-  held="$(squeue -h -j "$job" -o '%T %r' 2>/dev/null)"
+  held="$(squeue -h -j "$job" -o '%T %r' 2>/dev/null || true)"
   [[ $held == PENDING* ]] && break
   sleep 0.2
 done
 echo "slurm requeue: the requeued job is ${held:-gone}; starting it now (scontrol update StartTime=now)"
-scontrol update JobId="$job" StartTime=now
+scontrol update JobId="$job" StartTime=now || fail "scontrol update JobId=$job StartTime=now: the job is ${held:-gone}"
 for _ in $(seq 900); do  # until the job's second start has ended (3 min)
-  [[ -z "$(squeue -h -j "$job" 2>/dev/null)" && -e "$work/start-1/trace.a0.r1" ]] && break
+  [[ -z "$(squeue -h -j "$job" 2>/dev/null || true)" && -e "$work/start-1/trace.a0.r1" ]] && break
   sleep 0.2
 done
 cat "$work/job.out"

@@ -87,6 +87,13 @@ EOF
 slurm_stop() {
   [[ -n ${SLURM_DIR:-} ]] || return 0
   local pid i
+  # The jobs first: their steps (slurmstepd and the tasks) are not the daemons' children, so a
+  # test that failed mid-job would otherwise leave them running once slurmd is gone.
+  scancel --full --signal=KILL $(squeue -h -o %i 2>/dev/null) 2>/dev/null || true
+  for i in $(seq 100); do [[ -z "$(squeue -h 2>/dev/null)" ]] && break; sleep 0.1; done || true
+  for pid in $(pgrep -f "slurmstepd: \[" 2>/dev/null); do  # ours only: those with a file in our folder
+    ls -l "/proc/$pid/fd" 2>/dev/null | grep -qF "$SLURM_DIR" && kill -KILL "$pid" 2>/dev/null
+  done || true
   for pid in $(printf '%s\n' "${SLURM_PIDS[@]}" | tac); do  # slurmd, slurmctld, then munged
     kill -TERM "$pid" 2>/dev/null || continue
     for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done || true

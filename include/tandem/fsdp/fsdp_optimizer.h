@@ -36,7 +36,8 @@ class FsdpOptimizer : public zero::PartitionedOptimizer {
     std::vector<int64_t> whole_shape;
   };
   /// This rank's rows of every parameter's state (none for parameters whose rows it does not
-  /// hold; "step" from every rank that has state). No collective: what a sharded checkpoint writes.
+  /// hold, but rank 0's empty rows of a parameter with no rows; "step" from every rank that has
+  /// state). No collective: what a sharded checkpoint writes.
   std::vector<OwnedState> owned_state() const;
   /// The rows of `param` this rank keeps: [first_row, first_row + owned_rows).
   ShardSpec spec_of(const at::Tensor& param) const;
