@@ -157,10 +157,7 @@ Accelerator::NamedTensors Accelerator::model_held(const fsdp::detail::Engine* en
   for (const auto& item : module.named_parameters(true)) {
     const auto spec = engine ? engine->spec_of(item.value()) : std::nullopt;
     if (spec) {
-      std::vector<int64_t> rows = spec->shape;
-      if (rows.empty()) rows = {spec->owned_rows};
-      else rows[0] = spec->owned_rows;
-      held.emplace_back(item.key(), engine->shard_of(item.value()).view(rows));
+      held.emplace_back(item.key(), engine->shard_of(item.value()).view(spec->owned_shape()));
     } else {
       held.emplace_back(item.key(), item.value());
     }

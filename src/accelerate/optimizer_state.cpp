@@ -215,12 +215,7 @@ StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std
     at::Tensor like = param;
     if (held_rows) {
       const HeldRows rows = held_rows(param);
-      std::vector<int64_t> shape = rows.shape;
-      if (rows.count >= 0) {
-        if (shape.empty()) shape = {rows.count};
-        else shape[0] = rows.count;
-      }
-      like = at::empty(shape, rows.options);
+      like = at::empty(rows.count >= 0 ? rows_shape(rows.shape, rows.count) : rows.shape, rows.options);
     }
     staged.states.emplace_back(param, zero::make_state(kind, std::move(tensors), like, where + ": '" + name + "'"));
   }

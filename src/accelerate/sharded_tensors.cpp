@@ -19,6 +19,12 @@ std::string shape_text(const std::vector<int64_t>& shape) { return c10::str(c10:
 
 }  // namespace
 
+std::vector<int64_t> rows_shape(std::vector<int64_t> shape, int64_t count) {
+  if (shape.empty()) return {count};
+  shape[0] = count;
+  return shape;
+}
+
 std::vector<std::string> model_files(const nlohmann::json& state, size_t model) {
   if (!state.contains("model_files")) return {"model_" + std::to_string(model) + ".safetensors"};
   return state.at("model_files").at(model).get<std::vector<std::string>>();
@@ -145,10 +151,7 @@ at::Tensor ShardedTensors::rows(const std::string& name, int64_t first, int64_t 
   const Tensor& t = find(name);
   TANDEM_CHECK(first >= 0 && count >= 0 && first + count <= rows_in(t.shape), where_, ": '", name, "' has ",
                rows_in(t.shape), " rows; rows ", first, " to ", first + count, " were asked for");
-  std::vector<int64_t> shape = t.shape;
-  if (shape.empty()) shape = {count};
-  else shape[0] = count;
-  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(t.dtype));
+  at::Tensor out = at::empty(rows_shape(t.shape, count), at::TensorOptions().dtype(t.dtype));
   for (const Piece& p : t.pieces) {
     const int64_t lo = std::max(first, p.first_row), hi = std::min(first + count, p.first_row + p.rows);
     if (lo >= hi) continue;

@@ -37,6 +37,10 @@ struct RowPiece {
   std::vector<int64_t> whole_shape;
 };
 
+/// The shape of `count` rows of a tensor of `shape`: [count, shape[1:]...] (a 0-d tensor is one
+/// row: [count]).
+std::vector<int64_t> rows_shape(std::vector<int64_t> shape, int64_t count);
+
 /// The files that hold model `model`'s tensors, by a checkpoint's state.json: its "model_files"
 /// entry, or model_<m>.safetensors in checkpoints written before sharded models existed.
 std::vector<std::string> model_files(const nlohmann::json& state, size_t model);

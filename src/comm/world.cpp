@@ -67,9 +67,10 @@ std::optional<int> leading_count(const std::string& name, const std::optional<st
 //   distributions place task 0 (not so with --distribution=arbitrary, SLURM_HOSTFILE or plane
 //   layouts that start elsewhere: set MASTER_ADDR there). Only a step has one: a batch script
 //   itself (sbatch without srun) is no step, and its "tasks" are not started, so there a world
-//   of several still needs MASTER_ADDR (or srun, or tandem run) instead of waiting for no one. Slurm writes node lists compressed
-//   ("gpu[07-09,12],cpu3"); the first host is the first of each bracket ("gpu07"). It is a node
-//   name: Slurm sites name nodes by resolvable host names, as Lightning and submitit assume.
+//   of several still needs MASTER_ADDR (or srun, or tandem run) instead of waiting for no one.
+//   Slurm writes node lists compressed ("gpu[07-09,12],cpu3"); the first host is the first of
+//   each bracket ("gpu07"). It is a node name: Slurm sites name nodes by resolvable host names,
+//   as Lightning and submitit assume.
 // - the port: the first of SLURM_STEP_RESV_PORTS when the step reserved ports (srun
 //   --resv-ports), else one drawn from the job and step ids (15000 + (31 job + step) mod 17000,
 //   below Linux's ephemeral ports from 32768), so that two steps of one job, or two jobs on a

@@ -112,9 +112,7 @@ std::vector<FsdpOptimizer::OwnedState> FsdpOptimizer::owned_state() const {
       auto it = optimizer_.state().find(shards_[g][i].unsafeGetTensorImpl());
       if (it == optimizer_.state().end()) continue;
       const auto spec = engine_->spec_of(all_[g][i]).value();
-      std::vector<int64_t> rows_shape = spec.shape;
-      if (rows_shape.empty()) rows_shape = {spec.owned_rows};
-      else rows_shape[0] = spec.owned_rows;
+      const std::vector<int64_t> rows_shape = spec.owned_shape();
       for (auto& [key, t] : zero::state_tensors(kind_, *it->second)) {
         if (key == "step") {
           out.push_back({all_[g][i], key, t, 0, {}});

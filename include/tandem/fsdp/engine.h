@@ -51,6 +51,13 @@ struct UnitInfo {
 struct ShardSpec {
   std::vector<int64_t> shape;
   int64_t rows = 0, row_numel = 0, chunk_rows = 0, first_row = 0, owned_rows = 0;
+  /// The shape of this rank's rows: [owned_rows, shape[1:]...] (a 0-d parameter is one row: [owned_rows]).
+  std::vector<int64_t> owned_shape() const {
+    std::vector<int64_t> out = shape;
+    if (out.empty()) return {owned_rows};
+    out[0] = owned_rows;
+    return out;
+  }
 };
 
 namespace detail {
