@@ -21,7 +21,9 @@ std::function<launch::LaunchOptions()> add_run_flags(CLI::App& app, const std::v
   auto grace_seconds = std::make_shared<double>(launch::kDefaultGracePeriod.count() / 1000.0);
   run->add_option("--nproc-per-node,--nproc_per_node", options->nproc_per_node,
                   "Workers on this node: a number, gpu, cpu or auto")->capture_default_str();
-  run->add_option("--nnodes", options->nnodes, "Number of nodes")->capture_default_str();
+  run->add_option("--nnodes", options->nnodes_spec,
+                  "Number of nodes, or MIN:MAX for an elastic job (nodes may leave and join; docs/cluster.md)")
+      ->capture_default_str();
   run->add_option("--node-rank,--node_rank", options->node_rank, "This node's index, 0..nnodes-1")
       ->capture_default_str();
   run->add_option("--master-addr,--master_addr", options->master_addr,
@@ -30,7 +32,12 @@ std::function<launch::LaunchOptions()> add_run_flags(CLI::App& app, const std::v
                   "Store port on node 0 (default: a free port, one node only)");
   run->add_option("--max-restarts,--max_restarts", options->max_restarts,
                   "Restart every worker up to N times after a failure")->capture_default_str();
-  run->add_option("--run-id,--run_id", options->run_id,
+  run->add_option("--rdzv-conf,--rdzv_conf", options->rdzv_conf,
+                  "Elastic job: last_call_timeout=S (wait for more nodes once MIN are in, default 30), "
+                  "join_timeout=S (for MIN nodes, default 600)");
+  auto endpoint = std::make_shared<std::string>();
+  run->add_option("--rdzv-endpoint,--rdzv_endpoint", *endpoint, "HOST:PORT: --master-addr and --master-port in one (torchrun's spelling)");
+  run->add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", options->run_id,
                   "Job id; workers of another job are refused (default: random on one node)");
   run->add_option("--log-dir,--log_dir", options->log_dir,
                   "Folder for each rank's stdout and stderr (default: $TMPDIR/tandem-<run id>)");
@@ -46,8 +53,19 @@ std::function<launch::LaunchOptions()> add_run_flags(CLI::App& app, const std::v
   run->prefix_command();
   run->footer("Usage: tandem run [flags] -- PROGRAM [ARGS...]");
 
-  return [options, grace_seconds, run, after_separator]() {
+  return [options, grace_seconds, endpoint, run, after_separator]() {
     launch::LaunchOptions parsed = *options;
+    if (!endpoint->empty()) {
+      const size_t colon = endpoint->rfind(':');
+      const std::string port = colon == std::string::npos ? "" : endpoint->substr(colon + 1);
+      const bool digits = !port.empty() && port.size() < 6 && port.find_first_not_of("0123456789") == std::string::npos;
+      if (colon == 0 || !digits) throw Error("--rdzv-endpoint '" + *endpoint + "' is not valid: expected HOST:PORT");
+      if (!parsed.master_addr.empty() || parsed.master_port != 0) {
+        throw Error("--rdzv-endpoint and --master-addr/--master-port say the same thing: give one of them");
+      }
+      parsed.master_addr = endpoint->substr(0, colon);
+      parsed.master_port = std::atoi(port.c_str());
+    }
     parsed.nnodes_given = run->get_option("--nnodes")->count() > 0;
     parsed.node_rank_given = run->get_option("--node-rank")->count() > 0;
     // `tandem run ./w a -- b`: the program came first, so that "--" is one of its arguments.

@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -70,9 +72,12 @@ bool is_loopback(const std::string& host) {
   return inet_pton(AF_INET, host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
 }
 
-int listen_on(const std::string& host, int port) {
+namespace {
+
+// A listening socket on host:port, or -1 with the errno of the last address tried.
+int try_listen(const std::string& host, int port, int& last_errno) {
   AddrInfo info = resolve(host, port, SOCK_STREAM, true);
-  int last_errno = 0;
+  last_errno = 0;
   for (addrinfo* a = info.list; a; a = a->ai_next) {
     Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
     if (fd.get() < 0) { last_errno = errno; continue; }
@@ -83,12 +88,57 @@ int listen_on(const std::string& host, int port) {
     }
     last_errno = errno;
   }
+  return -1;
+}
+
+}  // namespace
+
+int listen_on(const std::string& host, int port) {
+  int last_errno = 0;
+  const int fd = try_listen(host, port, last_errno);
+  if (fd >= 0) return fd;
   const std::string where = host + ":" + std::to_string(port);
   if (last_errno == EADDRINUSE) throw Error(busy_port_message(where));
   if (last_errno == EADDRNOTAVAIL) {
     throw Error("cannot listen on " + where + ": '" + host + "' is not an address of this machine");
   }
   throw Error("cannot listen on " + where + ": " + std::strerror(last_errno));
+}
+
+int listen_if_free_here(const std::string& host, int port) {
+  int last_errno = 0;
+  const int fd = try_listen(host, port, last_errno);
+  if (fd >= 0 || last_errno == EADDRINUSE || last_errno == EADDRNOTAVAIL) return fd;
+  throw Error("cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(last_errno));
+}
+
+int connect_to(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  AddrInfo info = resolve(host, port, SOCK_STREAM, false);
+  std::string why = "no address";
+  for (addrinfo* a = info.list; a; a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
+    if (fd.get() < 0) { why = std::strerror(errno); continue; }
+    int rc = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      pollfd p{fd.get(), POLLOUT, 0};
+      rc = ::poll(&p, 1, static_cast<int>(timeout.count()));
+      int err = 0;
+      socklen_t len = sizeof err;
+      if (rc == 1 && ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
+        rc = 0;
+      } else {
+        why = rc == 0 ? "timed out" : std::strerror(err ? err : errno);
+        continue;
+      }
+    } else if (rc != 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    const int flags = ::fcntl(fd.get(), F_GETFL);
+    ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+    return fd.release();
+  }
+  throw Error("cannot connect to " + host + ":" + std::to_string(port) + ": " + why);
 }
 
 namespace {

@@ -124,6 +124,78 @@ void resolve_mpi_flags(LaunchOptions& o) {
   }
 }
 
+// --nnodes N or MIN:MAX (torchrun's spelling).
+void resolve_nnodes(LaunchOptions& o) {
+  auto count = [&](const std::string& text) {
+    bool digits = !text.empty() && text.size() < 7;
+    for (char c : text) digits = digits && c >= '0' && c <= '9';
+    const int n = digits ? std::atoi(text.c_str()) : 0;
+    if (n < 1) {
+      throw Error("--nnodes " + o.nnodes_spec + " is not valid: expected a positive number, or MIN:MAX for an elastic job");
+    }
+    return n;
+  };
+  const size_t colon = o.nnodes_spec.find(':');
+  if (colon == std::string::npos) {
+    o.nnodes = count(o.nnodes_spec);
+    return;
+  }
+  o.elastic = true;
+  o.rdzv.min_nodes = count(o.nnodes_spec.substr(0, colon));
+  o.rdzv.max_nodes = count(o.nnodes_spec.substr(colon + 1));
+  if (o.rdzv.min_nodes > o.rdzv.max_nodes) {
+    throw Error("--nnodes " + o.nnodes_spec + " is not valid: MIN (" + std::to_string(o.rdzv.min_nodes) +
+                ") is more than MAX (" + std::to_string(o.rdzv.max_nodes) + ")");
+  }
+  o.nnodes = o.rdzv.max_nodes;
+}
+
+// --rdzv-conf last_call_timeout=30,join_timeout=600: torchrun's keys, in seconds.
+void resolve_rdzv_conf(LaunchOptions& o) {
+  if (!o.rdzv_conf.empty() && !o.elastic) {
+    throw Error("--rdzv-conf is for an elastic job: give --nnodes MIN:MAX");
+  }
+  size_t start = 0;
+  while (start < o.rdzv_conf.size()) {
+    size_t end = o.rdzv_conf.find(',', start);
+    if (end == std::string::npos) end = o.rdzv_conf.size();
+    const std::string item = o.rdzv_conf.substr(start, end - start);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    char* stop = nullptr;
+    const double seconds = value.empty() ? -1 : std::strtod(value.c_str(), &stop);
+    if (!(seconds >= 0 && seconds <= 86400 && stop && *stop == '\0')) {
+      throw Error("--rdzv-conf '" + item + "' is not valid: expected last_call_timeout=SECONDS or join_timeout=SECONDS");
+    }
+    const auto ms = std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+    if (key == "last_call_timeout") {
+      o.rdzv.last_call = ms;
+    } else if (key == "join_timeout") {
+      o.rdzv.join_timeout = ms;
+    } else {
+      throw Error("--rdzv-conf: unknown key '" + key + "' (known: last_call_timeout, join_timeout)");
+    }
+    start = end + 1;
+  }
+}
+
+// Note [Elastic rounds]: the rendezvous numbers the nodes and forms the world of each round.
+void resolve_elastic_flags(LaunchOptions& o) {
+  if (o.node_rank_given) {
+    throw Error("--node-rank is not used with --nnodes " + o.nnodes_spec + ": the elastic rendezvous numbers the nodes");
+  }
+  if (o.backend == "mpi") {
+    throw Error("--nnodes " + o.nnodes_spec + " (elastic) needs tandem run's own workers: --backend mpi starts one fixed world");
+  }
+  if (o.rdzv.max_nodes > 1) {
+    if (o.master_addr.empty()) {
+      throw Error("--master-addr is required with --nnodes " + o.nnodes_spec +
+                  " (the host that serves the elastic rendezvous; the same on every node)");
+    }
+    if (o.master_port == 0) throw Error("--master-port is required with --nnodes " + o.nnodes_spec + " (the same on every node)");
+  }
+}
+
 }  // namespace
 
 void resolve_flags(LaunchOptions& o, int gpu_count, int cpu_count) {
@@ -134,10 +206,12 @@ void resolve_flags(LaunchOptions& o, int gpu_count, int cpu_count) {
     throw Error("--hosts needs --backend mpi (without it, run tandem on every node with --nnodes and --node-rank)");
   }
   o.nproc = resolve_nproc(o.nproc_per_node, gpu_count, cpu_count);
-  if (o.nnodes < 1) throw Error("--nnodes " + std::to_string(o.nnodes) + " is not valid: expected a positive number");
+  resolve_nnodes(o);
+  resolve_rdzv_conf(o);
+  if (o.elastic) resolve_elastic_flags(o);
   if (o.backend == "mpi") resolve_mpi_flags(o);
   if (o.nnodes < 1) throw Error("--nnodes " + std::to_string(o.nnodes) + " is not valid: expected a positive number");
-  if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+  if (!o.elastic && (o.node_rank < 0 || o.node_rank >= o.nnodes)) {
     throw Error("--node-rank " + std::to_string(o.node_rank) + " is not valid: expected 0.." +
                 std::to_string(o.nnodes - 1) + " for --nnodes " + std::to_string(o.nnodes));
   }
@@ -146,7 +220,7 @@ void resolve_flags(LaunchOptions& o, int gpu_count, int cpu_count) {
   if (o.master_port < 0 || o.master_port > 65535) {
     throw Error("--master-port " + std::to_string(o.master_port) + " is not valid: expected 1..65535");
   }
-  if (o.nnodes > 1 && o.backend != "mpi") {  // with mpi: the first host, and a free port picked there
+  if (o.nnodes > 1 && o.backend != "mpi" && !o.elastic) {  // with mpi: the first host, and a free port picked there
     if (o.master_addr.empty()) throw Error("--master-addr is required when --nnodes > 1 (the host of node 0)");
     if (o.master_port == 0) throw Error("--master-port is required when --nnodes > 1 (the same on every node)");
   }
@@ -167,7 +241,9 @@ void resolve(LaunchOptions& o, int gpu_count, int cpu_count) {
   o.program_path = find_program(o.command.empty() ? std::string() : o.command.front());
 
   // Node 0 hosts the store: find out now, before any worker starts, whether its port is free.
-  if (o.node_rank == 0) {
+  // (An elastic node serves the rendezvous only if the port is free here; else it connects.)
+  if (o.elastic && o.master_port == 0) o.master_port = comm::pick_free_port(o.master_addr);
+  if (o.node_rank == 0 && !o.elastic) {
     const bool local = o.nnodes == 1 && comm::is_loopback(o.master_addr);
     const std::string bind = local ? (o.master_addr == "localhost" ? "127.0.0.1" : o.master_addr) : "";
     if (o.master_port == 0) {
@@ -179,8 +255,9 @@ void resolve(LaunchOptions& o, int gpu_count, int cpu_count) {
                   (o.nnodes == 1 ? " or omit --master-port to pick a free one" : ""));
     }
   }
+  if (o.run_id.find_first_of("\t\r\n") != std::string::npos) throw Error("--run-id must not hold a tab or a line break");
   if (o.run_id.empty()) {
-    o.run_id = o.nnodes == 1 ? random_run_id() : o.master_addr + ":" + std::to_string(o.master_port);
+    o.run_id = o.nnodes == 1 && !o.elastic ? random_run_id() : o.master_addr + ":" + std::to_string(o.master_port);
   }
   if (o.log_dir.empty()) {
     std::string safe = o.run_id;

@@ -5,13 +5,16 @@
 #include <string>
 #include <vector>
 
+#include "launch/elastic_rounds.h"
+
 namespace tandem::launch {
 
 constexpr std::chrono::milliseconds kDefaultGracePeriod{3000};
 
 struct LaunchOptions {
   std::string nproc_per_node = "1";  // a number, "gpu", "cpu" or "auto"
-  int nnodes = 1;
+  std::string nnodes_spec = "1";      // N, or MIN:MAX for an elastic job (Note [Elastic rounds])
+  int nnodes = 1;                    // resolved: N, or MAX
   int node_rank = 0;
   std::string master_addr;           // default 127.0.0.1 on one node; required on several
   int master_port = 0;               // 0: pick a free one (one node only)
@@ -22,6 +25,7 @@ struct LaunchOptions {
   std::vector<std::string> command;  // the worker program and its arguments
   std::string backend = "auto";      // auto | gloo | mpi (Note [Launching through mpirun])
   std::string hosts;                 // --hosts h1,h2,...: only with backend mpi
+  std::string rdzv_conf;             // --rdzv-conf last_call_timeout=S,join_timeout=S (elastic)
   bool nnodes_given = false;         // --nnodes / --node-rank appeared on the command line
   bool node_rank_given = false;
 
@@ -30,6 +34,8 @@ struct LaunchOptions {
   std::string program_path;          // command[0] found on PATH, checked executable
   std::vector<std::string> host_list;  // hosts split at commas, checked (backend mpi)
   std::string mpirun_path;           // Open MPI's mpirun found on PATH (backend mpi)
+  bool elastic = false;              // --nnodes MIN:MAX
+  ElasticConfig rdzv;                // its nodes and times
 };
 
 /// The message when --backend mpi finds no mpirun (a test matches it).

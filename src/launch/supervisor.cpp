@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "tandem/error.h"
+#include "launch/elastic_agent.h"
 #include "launch/mpirun_command.h"
 #include "launch/mpirun_output.h"
 #include "launch/output_pump.h"
@@ -84,21 +85,32 @@ void Supervisor::note(const std::string& message) const {
   std::fflush(stderr);
 }
 
-std::vector<std::string> Supervisor::worker_env(int local_rank, int attempt) const {
-  const int world_size = options_.nproc * options_.nnodes;
-  const int rank = options_.node_rank * options_.nproc + local_rank;
+Supervisor::Placement Supervisor::static_placement(int attempt) const {
+  Placement p;
+  p.node_rank = options_.node_rank;
+  p.nnodes = options_.nnodes;
+  p.world_size = options_.nproc * options_.nnodes;
+  p.rank_offset = options_.node_rank * options_.nproc;
+  p.restart_count = attempt;
+  p.master_addr = options_.master_addr;
+  p.master_port = options_.master_port;
+  return p;
+}
+
+std::vector<std::string> Supervisor::worker_env(int local_rank, const Placement& p) const {
+  const int rank = p.rank_offset + local_rank;
   std::map<std::string, std::string> set = {
       {"RANK", std::to_string(rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
-      {"WORLD_SIZE", std::to_string(world_size)},
+      {"WORLD_SIZE", std::to_string(p.world_size)},
       {"LOCAL_WORLD_SIZE", std::to_string(options_.nproc)},
-      {"GROUP_RANK", std::to_string(options_.node_rank)},
-      {"GROUP_WORLD_SIZE", std::to_string(options_.nnodes)},
+      {"GROUP_RANK", std::to_string(p.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(p.nnodes)},
       {"ROLE_RANK", std::to_string(rank)},
-      {"ROLE_WORLD_SIZE", std::to_string(world_size)},
-      {"MASTER_ADDR", options_.master_addr},
-      {"MASTER_PORT", std::to_string(options_.master_port)},
-      {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
+      {"ROLE_WORLD_SIZE", std::to_string(p.world_size)},
+      {"MASTER_ADDR", p.master_addr},
+      {"MASTER_PORT", std::to_string(p.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(p.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts)},
       {"TORCHELASTIC_RUN_ID", options_.run_id},
       // Rank 0 hosts the store: never inherit a torchrun agent's "connect to mine".
@@ -120,13 +132,13 @@ std::vector<std::string> Supervisor::worker_env(int local_rank, int attempt) con
   return env;
 }
 
-Supervisor::Outcome Supervisor::run_attempt(int attempt) {
-  OutputPump pump(options_.log_dir, attempt);
+Supervisor::Outcome Supervisor::run_attempt(const Placement& placement, const std::function<std::string()>& regroup) {
+  OutputPump pump(options_.log_dir, placement.restart_count);
   std::vector<WorkerProcess> workers;
   workers.reserve(static_cast<size_t>(options_.nproc));
   failure_.clear();
 
-  bool stopping = false;
+  bool stopping = false, regrouping = false;
   int signals_seen = 0;
   Clock::time_point kill_deadline = Clock::time_point::max();
   auto stop_all = [&](int sig) {
@@ -141,10 +153,10 @@ Supervisor::Outcome Supervisor::run_attempt(int attempt) {
   for (int local = 0; local < options_.nproc; ++local) {
     WorkerSpec spec;
     spec.local_rank = local;
-    spec.rank = options_.node_rank * options_.nproc + local;
+    spec.rank = placement.rank_offset + local;
     spec.program_path = options_.program_path;
     spec.argv = options_.command;
-    spec.env = worker_env(local, attempt);
+    spec.env = worker_env(local, placement);
     try {
       workers.push_back(WorkerProcess::spawn(spec));
     } catch (const Error& e) {
@@ -176,6 +188,21 @@ Supervisor::Outcome Supervisor::run_attempt(int attempt) {
       }
     }
 
+    if (regroup && !stopping) {
+      std::string why;
+      try {
+        why = regroup();
+      } catch (const Error& e) {
+        failure_ = e.what();
+        note(failure_ + "; stopping the workers");
+        begin_stop(SIGTERM);
+      }
+      if (!why.empty()) {
+        note("next round: " + why + "; stopping the workers (SIGTERM, SIGKILL after the grace period)");
+        regrouping = true;
+        begin_stop(SIGTERM);
+      }
+    }
     bool all_exited = true;
     for (auto& w : workers) {
       if (w.running() && w.poll_exit() && !stopping && failed(*w.status())) {
@@ -197,7 +224,73 @@ Supervisor::Outcome Supervisor::run_attempt(int attempt) {
   stop_all(SIGKILL);
   pump.drain();
   if (interrupt_signal_) return Outcome::Interrupted;
+  if (regrouping) return Outcome::Regroup;
   return failure_.empty() ? Outcome::Succeeded : Outcome::Failed;
+}
+
+// Note [Elastic rounds], this node's side: join a round, run the workers where it puts them,
+// and go round again when they fail or the rendezvous asks.
+int Supervisor::run_elastic() {
+  note("elastic job: " + std::to_string(options_.nproc) + " worker(s) on this node, --nnodes " + options_.nnodes_spec +
+       ", rendezvous " + options_.master_addr + ":" + std::to_string(options_.master_port) + ", run " +
+       options_.run_id + ", logs in " + options_.log_dir);
+  int restarts = 0;
+  std::optional<ElasticAgent> agent;
+  try {
+    agent.emplace(options_);
+    if (agent->hosts_rendezvous()) note("this node serves the rendezvous");
+    for (bool after_failure = false;;) {
+      bool counted = false;
+      const auto round = agent->next_round(&counted, [&] {
+        unsigned char sig;
+        while (::read(g_signal_pipe[0], &sig, 1) == 1) {
+          if (sig != SIGCHLD && !interrupt_signal_) interrupt_signal_ = sig;
+        }
+        return interrupt_signal_ != 0;
+      });
+      if (interrupt_signal_) {
+        note(std::string("stopped by ") + ::strsignal(interrupt_signal_) + " while waiting for a round");
+        return 128 + interrupt_signal_;
+      }
+      if (!round) {
+        note("the job finished before this node was given a place");
+        return 0;
+      }
+      if (after_failure && counted) {
+        if (restarts >= options_.max_restarts) {
+          note("job failed: " + failure_ + (options_.max_restarts ? " (after " + std::to_string(restarts) + " restarts)" : ""));
+          return 1;
+        }
+        ++restarts;
+        note("restart " + std::to_string(restarts) + " of " + std::to_string(options_.max_restarts) + " after: " + failure_);
+      }
+      Placement p;
+      p.node_rank = round->node_rank;
+      p.nnodes = round->nnodes;
+      p.world_size = round->world_size;
+      p.rank_offset = round->rank_offset;
+      p.restart_count = round->round;
+      p.master_addr = round->master_addr;
+      p.master_port = round->master_port;
+      note("round " + std::to_string(round->round) + ": node " + std::to_string(p.node_rank) + " of " +
+           std::to_string(p.nnodes) + ", ranks " + std::to_string(p.rank_offset) + ".." +
+           std::to_string(p.rank_offset + options_.nproc - 1) + " of a world of " + std::to_string(p.world_size) +
+           ", rank 0's store " + p.master_addr + ":" + std::to_string(p.master_port));
+      const Outcome outcome = run_attempt(p, [&] { return agent->restart_reason(); });
+      if (outcome == Outcome::Succeeded) {
+        agent->finish();
+        return 0;
+      }
+      if (outcome == Outcome::Interrupted) {
+        note(std::string("stopped by ") + ::strsignal(interrupt_signal_));
+        return 128 + interrupt_signal_;
+      }
+      after_failure = outcome == Outcome::Failed;
+    }
+  } catch (const Error& e) {
+    note(std::string("job failed: ") + e.what());
+    return 1;
+  }
 }
 
 // Note [Stopping an mpirun job]
@@ -290,6 +383,7 @@ Supervisor::Outcome Supervisor::run_mpirun_attempt(int attempt) {
 
 int Supervisor::run() {
   SignalScope signals;
+  if (options_.elastic) return run_elastic();
   const int world = options_.nproc * options_.nnodes;
   const bool mpi = options_.backend == "mpi";
   if (mpi) {
@@ -306,7 +400,7 @@ int Supervisor::run() {
          options_.log_dir);
   }
   for (int attempt = 0;; ++attempt) {
-    Outcome outcome = mpi ? run_mpirun_attempt(attempt) : run_attempt(attempt);
+    Outcome outcome = mpi ? run_mpirun_attempt(attempt) : run_attempt(static_placement(attempt));
     if (outcome == Outcome::Succeeded) return 0;
     if (outcome == Outcome::Interrupted) {
       note(std::string("stopped by ") + ::strsignal(interrupt_signal_));

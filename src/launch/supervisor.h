@@ -14,6 +14,11 @@
 //   killed with SIGKILL (docs/guide.md, "Launching with Open MPI").
 // - With --backend mpi, mpirun is the one child (Note [Launching through mpirun] in
 //   mpirun_command.h) and stopping it is Note [Stopping an mpirun job] in supervisor.cpp.
+// - With --nnodes MIN:MAX every attempt is a round of the elastic rendezvous (Note [Elastic
+//   rounds]): the round decides this node's ranks and the world, and the rendezvous may ask the
+//   workers to stop (SIGTERM, then SIGKILL after the grace period) so that the job goes on with
+//   other nodes. Only a failure of this node's own workers counts against --max-restarts.
+#include <functional>
 #include <string>
 
 #include "launch/launch_options.h"
@@ -27,10 +32,20 @@ class Supervisor {
   int run();
 
  private:
-  enum class Outcome { Succeeded, Failed, Interrupted };
-  Outcome run_attempt(int attempt);
+  enum class Outcome { Succeeded, Failed, Interrupted, Regroup };
+  // Where this node's workers are in the job's world for one attempt.
+  struct Placement {
+    int node_rank = 0, nnodes = 1, world_size = 1, rank_offset = 0, restart_count = 0;
+    std::string master_addr;
+    int master_port = 0;
+  };
+  Placement static_placement(int attempt) const;
+  // `regroup` is asked on every turn of the loop: a reason to stop the workers for another
+  // round, or "" (elastic jobs only).
+  Outcome run_attempt(const Placement& placement, const std::function<std::string()>& regroup = {});
+  int run_elastic();
   Outcome run_mpirun_attempt(int attempt);  // --backend mpi: Note [Stopping an mpirun job]
-  std::vector<std::string> worker_env(int local_rank, int attempt) const;
+  std::vector<std::string> worker_env(int local_rank, const Placement& placement) const;
   void note(const std::string& message) const;
 
   LaunchOptions options_;

@@ -20,6 +20,15 @@
 //                                     that does not exit: the launcher must SIGKILL it)
 //     Timestamps (CLOCK_REALTIME, ns) go to OUT: killed_at, start.a<a>.r<r>, resumed.a<a>.r<r>,
 //     sigterm_saved.r<r>.
+//     elastic runs (tests/faults/elastic_test.sh):
+//       --epochs E                    train E whole epochs instead of --steps (the number of steps
+//                                     depends on the world size)
+//       --sample-log                  after each step, a line `samples <step> <epoch> <ids>` with
+//                                     the dataset rows of this rank's batch (found by value)
+//       --step-delay-ms D             sleep D ms after each step (time for a test to act mid-epoch)
+//       --seed S                      the Accelerator's seed (default 7)
+//       --hidden H                    the hidden layer's width (default 32): another model
+//     At the end a line `loss <value>`: the cross-entropy of the whole dataset, dropout off.
 //   fault_trainer inspect --root DIR
 //       One process, no Accelerator: prints `listed <names>` (list_checkpoints), then verifies the
 //       newest with CheckpointReader and prints `step <n> <bits>` of its weights (state.json's step).
@@ -37,6 +46,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -65,12 +75,13 @@ namespace {
 const std::vector<std::string> kWeights = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
 
 struct NetImpl : torch::nn::Cloneable<NetImpl> {
-  NetImpl() { reset(); }
+  explicit NetImpl(int64_t hidden = 32) : hidden(hidden) { reset(); }
   void reset() override {
-    fc1 = register_module("fc1", torch::nn::Linear(8, 32));
+    fc1 = register_module("fc1", torch::nn::Linear(8, hidden));
     drop = register_module("drop", torch::nn::Dropout(0.25));  // draws from the RNG every step
-    fc2 = register_module("fc2", torch::nn::Linear(32, 4));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, 4));
   }
+  int64_t hidden;
   at::Tensor forward(const at::Tensor& x) { return fc2(drop(fc1(x).tanh())); }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::Dropout drop{nullptr};
@@ -109,7 +120,7 @@ std::map<std::string, std::string> parse(int argc, char** argv, const std::vecto
     const std::string key = argv[i];
     TANDEM_CHECK(key.rfind("--", 0) == 0 && std::find(known.begin(), known.end(), key.substr(2)) != known.end(),
                  "unknown argument '", key, "' for mode ", argv[1]);
-    const bool flag = key == "--save-on-sigterm";
+    const bool flag = key == "--save-on-sigterm" || key == "--sample-log";
     TANDEM_CHECK(flag || i + 1 < argc, key, " needs a value");
     args[key.substr(2)] = flag ? "1" : argv[++i];
   }
@@ -158,8 +169,11 @@ std::string bits(Net& net) {
 
 int train(const std::map<std::string, std::string>& args) {
   const std::string root = required(args, "root"), out = required(args, "out");
-  const int64_t steps = number(args, "steps", 0), every = number(args, "every", 0);
-  TANDEM_CHECK(steps > 0 && every > 0, "--steps and --every must be positive");
+  const int64_t epochs = number(args, "epochs", 0), every = number(args, "every", 0);
+  const int64_t steps = number(args, "steps", epochs > 0 ? std::numeric_limits<int64_t>::max() : 0);
+  TANDEM_CHECK(steps > 0 && every > 0, "--steps (or --epochs) and --every must be positive");
+  const bool sample_log = args.count("sample-log") > 0;
+  const int64_t step_delay_ms = number(args, "step-delay-ms", 0), seed = number(args, "seed", 7);
   const int64_t kill_rank = number(args, "kill-rank", -1), kill_step = number(args, "kill-step", -1);
   const int64_t kill_in_save = number(args, "kill-in-save", -1);
   const int64_t wait_at = number(args, "wait-for-sigterm-at", -1), linger_rank = number(args, "linger-rank", -1);
@@ -168,7 +182,7 @@ int train(const std::map<std::string, std::string>& args) {
   const int64_t started = now_ns();
   if (save_on_sigterm) ::signal(SIGTERM, on_sigterm);
 
-  Accelerator acc(AcceleratorOptions().seed(7).progress(false).collective_timeout(std::chrono::seconds(60)));
+  Accelerator acc(AcceleratorOptions().seed(static_cast<uint64_t>(seed)).progress(false).collective_timeout(std::chrono::seconds(60)));
   const int rank = acc.process_index();
   const std::string tag = ".a" + std::to_string(attempt) + ".r" + std::to_string(rank);
   write_file(out + "/pid" + tag, std::to_string(::getpid()));
@@ -177,13 +191,16 @@ int train(const std::map<std::string, std::string>& args) {
   TANDEM_CHECK(trace.good(), "cannot write ", out, "/trace", tag);
   auto line = [&](const std::string& text) { trace << text << "\n" << std::flush; };
 
-  Net net;
+  Net net(number(args, "hidden", 32));
   auto model = acc.prepare_model(net);
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
   acc.prepare_optimizer(opt);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);  // the same data in every process and attempt
   at::Tensor x = at::randn({96, 8}, gen), y = at::randint(0, 4, {96}, gen);
   auto loader = acc.prepare_data(x, y, /*batch_size=*/8);  // 6 batches a rank and epoch at 2 ranks
+  // A row's index from its first value (96 random floats: distinct).
+  std::map<float, int64_t> row_of;
+  for (int64_t i = 0; i < x.size(0); ++i) row_of[x[i][0].item<float>()] = i;
   // The save_state fault: user code that runs inside save_state, while the files are being written.
   acc.register_for_checkpointing(
       "fault-marker",
@@ -204,7 +221,7 @@ int train(const std::map<std::string, std::string>& args) {
   }
   write_file(out + "/resumed" + tag, std::to_string(now_ns()));
 
-  while (acc.completed_steps() < steps) {
+  while (acc.completed_steps() < steps && (epochs == 0 || loader.epoch() < epochs)) {
     for (auto& batch : loader) {
       const int64_t step = acc.completed_steps() + 1;
       auto sync = acc.accumulate(model);
@@ -217,6 +234,12 @@ int train(const std::map<std::string, std::string>& args) {
       acc.step(opt);
       acc.zero_grad(opt);
       line("step " + std::to_string(step) + bits(net));
+      if (sample_log) {
+        std::string ids = "samples " + std::to_string(step) + " " + std::to_string(loader.epoch());
+        for (int64_t i = 0; i < batch.data.size(0); ++i) ids += " " + std::to_string(row_of.at(batch.data[i][0].item<float>()));
+        line(ids);
+      }
+      if (step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms));
       if (step % every == 0) line("saved " + std::to_string(step) + " " + acc.save_state(root));
       if (step == wait_at) {
         write_file(out + "/waiting.r" + std::to_string(rank), std::to_string(::getpid()));
@@ -242,6 +265,13 @@ int train(const std::map<std::string, std::string>& args) {
     }
   }
   line("final" + bits(net));
+  net->eval();
+  {
+    at::NoGradGuard no_grad;
+    char loss[64];
+    std::snprintf(loss, sizeof loss, "loss %.6f", at::cross_entropy_loss(net->forward(x), y).item<double>());
+    line(loss);
+  }
   return 0;
 }
 
@@ -282,7 +312,8 @@ int main(int argc, char** argv) {
     at::set_num_threads(1);  // ranks share two cores
     if (mode == "train") {
       return train(parse(argc, argv, {"root", "out", "steps", "every", "kill-rank", "kill-step", "kill-in-save",
-                                      "save-on-sigterm", "wait-for-sigterm-at", "linger-rank"}));
+                                      "save-on-sigterm", "wait-for-sigterm-at", "linger-rank", "epochs", "sample-log",
+                                      "step-delay-ms", "seed", "hidden"}));
     }
     if (mode == "inspect") return inspect(parse(argc, argv, {"root"}));
     if (mode == "hold") return hold(parse(argc, argv, {"dir"}));

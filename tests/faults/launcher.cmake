@@ -32,3 +32,21 @@ set_tests_properties(faults.reference faults.restart.kill9_mid_epoch faults.chec
 add_test(NAME slurm.requeue COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/launch/slurm_requeue_test.sh ${_trainer} ${_reference})
 set_tests_properties(slurm.requeue PROPERTIES FIXTURES_REQUIRED faults_reference LABELS "slurm;faults;multiprocess"
   TIMEOUT 300 SKIP_RETURN_CODE 77 RUN_SERIAL ON)
+# Elastic world size (Note [Elastic rounds], docs/cluster.md): two network-namespace hosts under
+# `tandem run --nnodes 1:2`, host B killed mid-epoch and started again; the same node loss under
+# torchrun's own elastic mode; what an elastic node refuses. Every sample of every epoch once.
+add_test(NAME faults.elastic.two_hosts COMMAND ${_faults}/elastic_test.sh ${_trainer})
+add_test(NAME faults.elastic.torchrun COMMAND ${_faults}/torchrun_elastic_test.sh "${_eco_torchrun}" $<TARGET_FILE:fault_trainer>)
+add_test(NAME faults.elastic.refusals COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/launch/elastic_refusals_test.sh ${_trainer})
+set_tests_properties(faults.elastic.two_hosts faults.elastic.torchrun faults.elastic.refusals
+  PROPERTIES LABELS "faults;elastic;multiprocess" TIMEOUT 300 SKIP_RETURN_CODE 77)
+set_tests_properties(faults.elastic.two_hosts faults.elastic.torchrun PROPERTIES RUN_SERIAL ON)
+# Bad elastic flags at the command line: one line, exit non-zero, nothing started.
+set(_elastic_fail ${CMAKE_CURRENT_SOURCE_DIR}/expect_failure.sh 20)
+add_test(NAME launch.elastic.fail.min_above_max COMMAND ${_elastic_fail}
+  "^tandem: --nnodes 3:2 is not valid: MIN \\(3\\) is more than MAX \\(2\\)$"
+  ${TANDEM_CLI_PATH} run --nnodes 3:2 --rdzv-endpoint 127.0.0.1:29400 -- /bin/true)
+add_test(NAME launch.elastic.fail.endpoint COMMAND ${_elastic_fail}
+  "^tandem: --rdzv-endpoint '127\\.0\\.0\\.1' is not valid: expected HOST:PORT$"
+  ${TANDEM_CLI_PATH} run --nnodes 1:2 --rdzv-endpoint 127.0.0.1 -- /bin/true)
+set_tests_properties(launch.elastic.fail.min_above_max launch.elastic.fail.endpoint PROPERTIES LABELS "launch;elastic")

@@ -45,7 +45,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                           (o.backend == "auto" || o.backend == "gloo" || o.backend == "mpi") &&
                           (o.hosts.empty() || o.backend == "mpi") &&
                           (o.backend != "mpi" || o.nnodes == 1 ||
-                           static_cast<int>(o.host_list.size()) == o.nnodes);
+                           static_cast<int>(o.host_list.size()) == o.nnodes) &&
+                          (!o.elastic || (o.rdzv.min_nodes >= 1 && o.rdzv.min_nodes <= o.rdzv.max_nodes &&
+                                          o.nnodes == o.rdzv.max_nodes && o.backend != "mpi" &&
+                                          (o.nnodes == 1 || o.master_port != 0)));
           if (!ok) std::abort();
           return 0;
         }};

@@ -73,11 +73,11 @@ TEST(MpiFlags, Errors) {
   EXPECT_NE(flags_error(o).find("--node-rank is not used with --backend mpi"), std::string::npos);
   o = mpi_options();
   o.hosts = "a,b";
-  o.nnodes = 3;
+  o.nnodes_spec = "3";
   o.nnodes_given = true;
   EXPECT_EQ(flags_error(o), "--nnodes 3 does not match the 2 host(s) of --hosts a,b (omit --nnodes: the host count implies it)");
   o = mpi_options();
-  o.nnodes = 2;
+  o.nnodes_spec = "2";
   o.nnodes_given = true;
   EXPECT_EQ(flags_error(o), "--nnodes 2 with --backend mpi needs --hosts h1,h2,... naming the 2 nodes mpirun starts ranks on");
   for (std::string bad : {"a,", ",a", "a,,b", "a b", "a;b"}) {

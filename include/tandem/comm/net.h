@@ -1,6 +1,7 @@
 #pragma once
 // Small socket helpers shared by the rendezvous (comm) and the launcher (launch).
 // Torch-free on purpose: the launcher links none of LibTorch's heavy parts through these.
+#include <chrono>
 #include <string>
 
 namespace tandem::comm {
@@ -11,6 +12,15 @@ bool is_loopback(const std::string& host);
 /// A TCP socket bound to host:port and listening (SO_REUSEADDR). Throws tandem::Error naming
 /// the address when the port is busy or the host is not an address of this machine.
 int listen_on(const std::string& host, int port);
+
+/// listen_on, or -1 when the port is taken (EADDRINUSE) or `host` is not an address of this machine
+/// (EADDRNOTAVAIL): the elastic launcher whose endpoint this is hosts the rendezvous, the others
+/// connect. Throws tandem::Error on any other failure.
+int listen_if_free_here(const std::string& host, int port);
+
+/// A connected TCP socket (blocking) to host:port, the connect bounded by `timeout`. Throws
+/// tandem::Error with the reason (refused, unreachable, timed out).
+int connect_to(const std::string& host, int port, std::chrono::milliseconds timeout);
 
 /// The one-line message for a busy MASTER_PORT on rank 0: what to do when another job holds the
 /// port, and when a launcher (torchrun) already serves the store there.
