@@ -2,7 +2,7 @@
 # elastic_test.sh TANDEM TRAINER: `tandem run --nnodes 1:2 --nproc-per-node 2 --max-restarts 2` on
 # two "hosts" (network namespaces A and B; A serves the rendezvous). After step 5 of 24, in the
 # second epoch, host B is killed (SIGKILL of its launcher and workers): A goes on alone, at world 2,
-# from the newest checkpoint. A few steps later B starts again and joins at the next round, which
+# from the newest checkpoint. Two steps later, mid-epoch again, B starts again and joins at the next round, which
 # A begins at once (its workers save on SIGTERM): world 4 again, to the end. Passes when the
 # rounds are 4, 2 and 4 ranks, every sample of every epoch was trained exactly once (the
 # sample-id log, check_samples.py) and the final loss is within the spread of uninterrupted runs
@@ -49,6 +49,11 @@ JOB=$job_a; finish_job; rc_a=$RC
 JOB=$job_b2; finish_job; rc_b2=$RC
 cut -d' ' -f2- "$work/a.log"
 [[ $rc_a -eq 0 && $rc_b2 -eq 0 ]] || fail "host A exited $rc_a, host B's second launcher $rc_b2"
+noticed=$(time_of "$work/a.log" "next round: a node of round 0 was lost")
+formed=$(time_of "$work/a.log" "round 1: node 0 of 1")
+[[ -n "$noticed" && -n "$formed" ]] || fail "host A's launcher did not note the lost node and round 1"
+echo "elastic: kill -> A's launcher told of the lost node $(ms_between "$killed" "$noticed") ms -> round 1 formed" \
+     "$(ms_between "$killed" "$formed") ms (last_call_timeout 2 s) -> workers resumed $(ms_between "$killed" "$back") ms"
 back2=$(sort -n "$out"/resumed.a2.r* | tail -1)
 echo "elastic: host B started again -> training at world 4: $(ms_between "$joined" "$back2") ms"
 grep -q "round 0: node 0 of 2, ranks 0..1 of a world of 4" "$work/a.log" || fail "round 0 was not A and B at world 4"

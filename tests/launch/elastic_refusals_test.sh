@@ -19,16 +19,16 @@ expect() {
   grep -Eq -- "$regex" "$work/$name.out" || fail "$name: no line matches $regex"
   echo "elastic refusals: $name: ok (exit $rc)"
 }
-start_job "$work/job.log" 120 "$tandem" "${base[@]}" --nnodes 1:2 --run-id jobX --rdzv-conf last_call_timeout=1 -- sleep 60
+start_job "$work/job.log" 120 "$tandem" "${base[@]}" --nnodes 1:2 --run-id job$$x --rdzv-conf last_call_timeout=1 -- sleep 60
 job=$JOB
-on_exit 'kill $job 2>/dev/null; pkill -P $job 2>/dev/null'
+on_exit "pkill -TERM -f -- '--run-id job$$x --rdzv-conf' 2>/dev/null"  # the launcher; it stops its worker
 for ((i = 0; i < 100; ++i)); do grep -q "round 0:" "$work/job.log" && break; sleep 0.1; done
 grep -q "round 0: node 0 of 1" "$work/job.log" || fail "the job did not start its round 0"
 
-expect other_run "^tandem run: job failed: refusing to join: this node is for run 'jobY' but the rendezvous serves run 'jobX' \(give every node the same --run-id\)$" \
-  "$tandem" "${base[@]}" --nnodes 1:2 --run-id jobY -- true
+expect other_run "^tandem run: job failed: refusing to join: this node is for run 'job$$y' but the rendezvous serves run 'job$$x' \(give every node the same --run-id\)$" \
+  "$tandem" "${base[@]}" --nnodes 1:2 --run-id job$$y -- true
 expect other_nnodes "^tandem run: job failed: refusing to join: this node was started with --nnodes 1:3 but the run has --nnodes 1:2$" \
-  "$tandem" "${base[@]}" --nnodes 1:3 --run-id jobX -- true
+  "$tandem" "${base[@]}" --nnodes 1:3 --run-id job$$x -- true
 kill -0 "$job" || fail "the job did not survive the refused nodes"
 grep -q "round 1" "$work/job.log" && fail "a refused node restarted the job"
 
