@@ -8,6 +8,10 @@
 #                     first), exports SLURM_CONF so that srun, sbatch, squeue and scancel use it,
 #                     and waits until the node is idle. Exits 77 (ctest: skipped) when Slurm or
 #                     munge is not installed (scripts/setup installs them) or we are not root.
+# slurm_start_two_hosts [CPUS]  the same across two network-namespace hosts (tests/support/
+#                     two_hosts.sh first): slurmctld and slurmd `nodea` in A, slurmd `nodeb` in B,
+#                     the names in a hosts file each daemon sees as /etc/hosts; client commands
+#                     run in A through `in_host "$A" CMD...`.
 # slurm_stop          stops the daemons (TERM, then KILL after 5 s); run at exit by slurm_start's
 #                     on_exit. The daemons run in the foreground as children of the test with a
 #                     parent-death signal (setpriv --pdeathsig KILL), so even a test killed with
@@ -16,8 +20,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/logs.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/free_port.sh"
 
-slurm_start() {
-  local cpus="${1:-4}" tool
+# The daemons' common part: munged, then slurm.conf with the NodeName lines $1 and the controller
+# $2 (host(address)), exported as SLURM_CONF. Sets SLURM_DIR and SLURM_PIDS.
+_slurm_begin() {
+  local tool
   for tool in munged slurmctld slurmd srun sbatch squeue scontrol; do
     command -v "$tool" >/dev/null || { echo "SKIPPED: $tool is not installed (scripts/setup installs Slurm and munge)"; exit 77; }
   done
@@ -37,13 +43,12 @@ slurm_start() {
   local i
   for i in $(seq 50); do [[ -S $SLURM_DIR/munge/socket ]] && break; sleep 0.1; done
   [[ -S $SLURM_DIR/munge/socket ]] || { echo "FAIL: munged did not start"; slurm_show_logs; exit 1; }
-  SLURM_NODE=$(hostname)
   local ctld_port slurmd_port
   ctld_port=$(free_port); slurmd_port=$(free_port)
   while [[ $slurmd_port == "$ctld_port" ]]; do slurmd_port=$(free_port); done
   cat >"$SLURM_DIR/slurm.conf" <<EOF
 ClusterName=tandem
-SlurmctldHost=$(hostname)(127.0.0.1)
+SlurmctldHost=$2
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
 AuthType=auth/munge
@@ -52,11 +57,11 @@ AuthInfo=socket=$SLURM_DIR/munge/socket
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$SLURM_DIR/state
-SlurmdSpoolDir=$SLURM_DIR/spool
+SlurmdSpoolDir=$SLURM_DIR/spool/%n
 SlurmctldPidFile=$SLURM_DIR/slurmctld.pid
-SlurmdPidFile=$SLURM_DIR/slurmd.pid
+SlurmdPidFile=$SLURM_DIR/slurmd.%n.pid
 SlurmctldLogFile=$SLURM_DIR/log/slurmctld.log
-SlurmdLogFile=$SLURM_DIR/log/slurmd.log
+SlurmdLogFile=$SLURM_DIR/log/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -69,19 +74,63 @@ MpiDefault=none
 ReturnToService=2
 KillWait=5
 InactiveLimit=0
-NodeName=$SLURM_NODE NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+$1
 PartitionName=tandem Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
   export SLURM_CONF="$SLURM_DIR/slurm.conf"
+}
+
+# _slurm_wait_idle NODE...: until sinfo (through $SLURM_RUN) shows every node idle.
+_slurm_wait_idle() {
+  local i node idle
+  for i in $(seq 100); do
+    idle=1
+    for node in "$@"; do [[ "$("${SLURM_RUN[@]}" sinfo -h -N -n "$node" -o %t 2>/dev/null)" == idle ]] || idle=0; done
+    (( idle )) && return 0
+    sleep 0.2
+  done
+  echo "FAIL: the private Slurm's nodes never became idle: $("${SLURM_RUN[@]}" sinfo -N 2>&1 | tr '\n' ' ')"; slurm_show_logs; exit 1
+}
+
+slurm_start() {
+  local cpus="${1:-4}"
+  SLURM_NODE=$(hostname)
+  SLURM_RUN=()
+  _slurm_begin "NodeName=$SLURM_NODE NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN" "$(hostname)(127.0.0.1)"
+  mkdir -p "$SLURM_DIR/spool/$SLURM_NODE"
   setpriv --pdeathsig KILL slurmctld -D -i -f "$SLURM_CONF" &
   SLURM_PIDS+=($!)
   setpriv --pdeathsig KILL slurmd -D -N "$SLURM_NODE" -f "$SLURM_CONF" &
   SLURM_PIDS+=($!)
-  for i in $(seq 100); do
-    [[ "$(sinfo -h -N -n "$SLURM_NODE" -o %t 2>/dev/null)" == idle ]] && return 0
-    sleep 0.2
-  done
-  echo "FAIL: the private Slurm's node never became idle: $(sinfo -N 2>&1 | tr '\n' ' ')"; slurm_show_logs; exit 1
+  _slurm_wait_idle "$SLURM_NODE"
+}
+
+# in_host NS CMD...: CMD in network namespace NS with $SLURM_DIR/hosts (which names nodea and
+# nodeb) as its /etc/hosts, bind-mounted in a private mount namespace. Not `ip netns exec`: that
+# mounts a fresh /sys, without the cgroup file system slurmd looks for. Each step execs the next,
+# so a pid taken of it is CMD's, and a parent-death signal set before it stays with CMD.
+_in_host_argv() {
+  IN_HOST=(nsenter --net="/run/netns/$1" unshare --mount --propagation private
+           sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$SLURM_DIR/hosts")
+}
+in_host() { local IN_HOST; _in_host_argv "$1"; shift; "${IN_HOST[@]}" "$@"; }
+
+slurm_start_two_hosts() {
+  local cpus="${1:-2}" IN_HOST
+  _slurm_begin "NodeName=nodea NodeAddr=$ADDR_A CPUs=$cpus State=UNKNOWN
+NodeName=nodeb NodeAddr=$ADDR_B CPUs=$cpus State=UNKNOWN" "$(hostname)($ADDR_A)"
+  mkdir -p "$SLURM_DIR/spool/nodea" "$SLURM_DIR/spool/nodeb"
+  printf '127.0.0.1 localhost\n%s nodea\n%s nodeb\n' "$ADDR_A" "$ADDR_B" > "$SLURM_DIR/hosts"
+  SLURM_RUN=(in_host "$A")  # the controller listens in A: every client command runs there
+  _in_host_argv "$A"
+  setpriv --pdeathsig KILL "${IN_HOST[@]}" slurmctld -D -i -f "$SLURM_CONF" &
+  SLURM_PIDS+=($!)
+  setpriv --pdeathsig KILL "${IN_HOST[@]}" slurmd -D -N nodea -f "$SLURM_CONF" &
+  SLURM_PIDS+=($!)
+  _in_host_argv "$B"
+  setpriv --pdeathsig KILL "${IN_HOST[@]}" slurmd -D -N nodeb -f "$SLURM_CONF" &
+  SLURM_PIDS+=($!)
+  _slurm_wait_idle nodea nodeb
 }
 
 slurm_stop() {
@@ -89,8 +138,8 @@ slurm_stop() {
   local pid i
   # The jobs first: their steps (slurmstepd and the tasks) are not the daemons' children, so a
   # test that failed mid-job would otherwise leave them running once slurmd is gone.
-  scancel --full --signal=KILL $(squeue -h -o %i 2>/dev/null) 2>/dev/null || true
-  for i in $(seq 100); do [[ -z "$(squeue -h 2>/dev/null)" ]] && break; sleep 0.1; done || true
+  "${SLURM_RUN[@]}" scancel --full --signal=KILL $("${SLURM_RUN[@]}" squeue -h -o %i 2>/dev/null) 2>/dev/null || true
+  for i in $(seq 100); do [[ -z "$("${SLURM_RUN[@]}" squeue -h 2>/dev/null)" ]] && break; sleep 0.1; done || true
   for pid in $(pgrep -f "slurmstepd: \[" 2>/dev/null); do  # ours only: those with a file in our folder
     ls -l "/proc/$pid/fd" 2>/dev/null | grep -qF "$SLURM_DIR" && kill -KILL "$pid" 2>/dev/null
   done || true
