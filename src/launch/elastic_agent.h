@@ -18,25 +18,28 @@ namespace tandem::launch {
 
 class ElasticAgent {
  public:
-  /// Throws tandem::Error with one line (endpoint unreachable, another run, another --nnodes).
-  explicit ElasticAgent(const LaunchOptions& options);
+  /// Throws tandem::Error with one line (endpoint unreachable, another run, another --nnodes or
+  /// --max-restarts, `stop()` while connecting).
+  ElasticAgent(const LaunchOptions& options, const std::function<bool()>& stop);
   ~ElasticAgent();
 
   bool hosts_rendezvous() const { return server_ != nullptr; }
   /// Joins the next round and waits for this node's place in it; nullopt when the job finished
-  /// while this node waited, or `stop()` said so. `counted` says whether the server takes this
-  /// restart for a failure of this node (a restart it ordered is not). Throws when the
-  /// rendezvous fails or is gone.
-  std::optional<Assignment> next_round(bool* counted, const std::function<bool()>& stop);
-  /// While the workers run (called often, asks at most twice a second): why they must stop for
-  /// the next round, or "" to go on. Throws when the rendezvous is gone.
+  /// while this node waited, or `stop()` said so. `failure`: how this node's workers failed, or
+  /// empty; `counted` says whether that was counted as one of the job's restarts. Throws with the
+  /// reason when the job failed (restarts used up, too few nodes) or the rendezvous is gone.
+  std::optional<Assignment> next_round(const std::string& failure, bool* counted, const std::function<bool()>& stop);
+  /// While the workers run or stop (called on every turn, asks at most twice a second, which is
+  /// also this node's sign of life): why they must stop for the next round, or "" to go on.
+  /// Throws when the rendezvous is gone.
   std::string restart_reason();
-  /// This node's workers all succeeded. The serving node waits (up to a minute) until every node
-  /// is done or gone, so that none loses its rendezvous before it has finished.
-  void finish();
+  /// This node's workers all succeeded. The serving node goes on serving until every other node
+  /// has left (done, or told that the job finished or failed), at most 10 minutes or until
+  /// `stop()`, so that none loses its rendezvous before it has finished.
+  void finish(const std::function<bool()>& stop);
 
  private:
-  const LaunchOptions& options_;
+  LaunchOptions options_;
   std::unique_ptr<RendezvousServer> server_;
   std::unique_ptr<RendezvousClient> client_;
   std::chrono::steady_clock::time_point next_poll_{};

@@ -17,6 +17,13 @@ std::string encode_fields(const std::vector<std::string>& fields) {
   return line + "\n";
 }
 
+std::string field_safe(std::string text) {
+  for (char& c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  }
+  return text;
+}
+
 std::vector<std::string> split_fields(const std::string& line) {
   std::vector<std::string> fields;
   size_t start = 0;

@@ -3,8 +3,10 @@
 // (Note [Elastic rounds]): one line per request and per answer, fields separated by tabs, over a
 // plain TCP connection that stays open for the whole job (its closing tells the server the node
 // is gone). Requests:
-//   HELLO <protocol> <run id> <--nnodes spec>   -> OK <node id> | ERR <one line>
-//   JOIN <nproc> <addr> <port> <hosts server>   -> OK <1 when this restart counts as a failure>
+//   HELLO <protocol> <run id> <--nnodes spec> <--max-restarts>
+//                                               -> OK <node id> | ERR <one line> (and hang up)
+//   JOIN <nproc> <addr> <port> <hosts server> <failure, or empty>
+//                                               -> OK <1 when it counted as one of the job's restarts>
 //   POLL                                        -> WAIT | GO <round> <node rank> <nnodes> <world>
 //                                                  <rank offset> <master addr> <master port>
 //                                                  | RESTART <why> | FAILED <why> | FINISHED
@@ -22,6 +24,8 @@ constexpr size_t kMaxElasticLine = 4096;
 /// Fields joined by tabs, ending in a newline. Throws tandem::Error on a field that holds a tab
 /// or a line break.
 std::string encode_fields(const std::vector<std::string>& fields);
+/// `text` fit to be a field: tabs and line breaks (any control character) become spaces.
+std::string field_safe(std::string text);
 /// A line (without its newline) split at tabs.
 std::vector<std::string> split_fields(const std::string& line);
 

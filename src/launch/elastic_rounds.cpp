@@ -34,7 +34,7 @@ void ElasticRounds::seen(int node, Clock::time_point now) {
   if (connected_.count(node)) last_seen_[node] = now;
 }
 
-bool ElasticRounds::join(int node, const NodeOffer& offer, Clock::time_point now) {
+bool ElasticRounds::join(int node, const NodeOffer& offer, const std::string& failure, Clock::time_point now) {
   if (!failed_.empty()) return false;
   auto place = [&](std::vector<Joined>& list) {
     for (auto& j : list) {
@@ -52,12 +52,23 @@ bool ElasticRounds::join(int node, const NodeOffer& offer, Clock::time_point now
     return false;
   }
   // A member of the running round asks again: the next round opens with it and the waiting nodes.
-  const bool unexpected = !lost_ && !room_for_waiting();
+  if (!done_.empty() && !failure.empty()) {
+    failed_ = "a node's workers failed after another node's had finished: " + failure;
+    return false;
+  }
+  const bool counted = !failure.empty() && !lost_ && !room_for_waiting();
+  if (counted && ++restarts_ > config_.max_restarts) {
+    failed_ = (config_.max_restarts ? "after " + std::to_string(config_.max_restarts) + " restart(s) (--max-restarts): "
+                                    : std::string()) + failure;
+    return true;
+  }
   ++round_;
   closed_ = false;
   lost_ = false;
   previous_.clear();
-  for (const auto& m : members_) previous_.insert(m.node);
+  for (const auto& m : members_) {
+    if (!done_.count(m.node)) previous_.insert(m.node);
+  }
   joining_.clear();
   joining_.push_back({node, offer});
   joining_.insert(joining_.end(), waiting_.begin(), waiting_.end());
@@ -65,21 +76,19 @@ bool ElasticRounds::join(int node, const NodeOffer& offer, Clock::time_point now
   members_.clear();
   done_.clear();
   opened_at_ = last_join_ = now;
-  return unexpected;
+  return counted;
 }
 
 void ElasticRounds::maybe_close(Clock::time_point now) {
   if (closed_ || !failed_.empty()) return;
   const int n = static_cast<int>(joining_.size());
   const bool timed_out = now - opened_at_ >= config_.join_timeout;
-  bool ready = n >= config_.max_nodes;
-  if (!ready && n >= config_.min_nodes && now - last_join_ >= config_.last_call) {
-    // Wait for the last round's nodes that are still there (stopping their workers), up to the
-    // join timeout.
-    bool blocked = false;
-    for (int p : previous_) blocked = blocked || (connected_.count(p) && !in(joining_, p));
-    ready = !blocked || timed_out;
-  }
+  // The last round's nodes that are still there (stopping their workers) are waited for, up to
+  // the join timeout, even when MAX nodes are in: they come before newcomers.
+  bool blocked = false;
+  for (int p : previous_) blocked = blocked || (connected_.count(p) && !in(joining_, p));
+  const bool enough = n >= config_.max_nodes || (n >= config_.min_nodes && now - last_join_ >= config_.last_call);
+  const bool ready = enough && (!blocked || timed_out);
   if (!ready) {
     if (n < config_.min_nodes && timed_out) {
       failed_ = "only " + std::to_string(n) + " of the " + std::to_string(config_.min_nodes) +
@@ -89,8 +98,8 @@ void ElasticRounds::maybe_close(Clock::time_point now) {
     return;
   }
   members_ = joining_;
-  std::stable_sort(members_.begin(), members_.end(),
-                   [](const Joined& a, const Joined& b) { return a.offer.hosts_server && !b.offer.hosts_server; });
+  auto order = [&](const Joined& j) { return j.offer.hosts_server ? 0 : previous_.count(j.node) ? 1 : 2; };
+  std::stable_sort(members_.begin(), members_.end(), [&](const Joined& a, const Joined& b) { return order(a) < order(b); });
   if (static_cast<int>(members_.size()) > config_.max_nodes) {
     // More joined than fit: the last ones wait for the next round.
     waiting_.insert(waiting_.begin(), members_.begin() + config_.max_nodes, members_.end());

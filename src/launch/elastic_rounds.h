@@ -15,6 +15,13 @@
 //   node asks to join (it waits until then; "a node that comes back joins at the next restart"),
 //   or when another node of the round joined the next round first (its workers failed). A node
 //   that asks to join a round of MAX nodes waits for a place, without restarting anyone.
+// - Failures are counted for the job, not per node: the node whose workers failed first opens
+//   the next round and that counts as one restart; the other nodes' workers, failing with it,
+//   do not count. Past --max-restarts the job fails on every node. A node whose workers fail
+//   after another node's have finished fails the job too: the training is over, there is no
+//   round to restart.
+// - When the next round has more than MAX nodes, the serving node comes first, then the nodes
+//   of the round before, then the others; the rest wait.
 // - The first node of the round to join again opens the next round; the nodes that were waiting
 //   are in it from the start. Rounds are numbered 0, 1, 2, ... for the whole job: the workers
 //   see the round as TORCHELASTIC_RESTART_COUNT, the same on every node.
@@ -36,6 +43,7 @@ struct ElasticConfig {
   std::chrono::milliseconds last_call{30000};
   std::chrono::milliseconds join_timeout{600000};
   std::chrono::milliseconds keep_alive{15000};
+  int max_restarts = 0;  // failures of workers the job may restart from, all nodes together
 };
 
 /// What a node brings to a round: its workers and, should it be node 0, where rank 0's store
@@ -77,15 +85,18 @@ class ElasticRounds {
   void disconnect(int node, Clock::time_point now);
   /// Any request from `node`: it is alive.
   void seen(int node, Clock::time_point now);
-  /// `node` wants a place in the next round (at start, after its workers failed, or when told to
-  /// restart). Returns whether this restarts a round that had not lost anyone: false when the
-  /// node's round was already being restarted (its failure is part of that change).
-  bool join(int node, const NodeOffer& offer, Clock::time_point now);
+  /// `node` wants a place in the next round: at start, when told to restart, or after its workers
+  /// failed (`failure` says how; empty otherwise). Returns whether this counted as one of the
+  /// job's restarts (a failure that began a round change; one inside a change already ordered,
+  /// a node lost or joining, does not count).
+  bool join(int node, const NodeOffer& offer, const std::string& failure, Clock::time_point now);
   PollAnswer poll(int node, Clock::time_point now);
   /// `node`'s workers all succeeded.
   void done(int node);
-  /// Whether every node of the last round is done or gone (the host may stop serving).
+  /// Whether every node of the last round is done or gone, and one at least is done.
   bool finished() const;
+  /// Launchers connected now (the serving node stops serving once it is the only one left).
+  int connected() const { return static_cast<int>(connected_.size()); }
   /// Silent nodes to drop (the server closes their connections).
   std::vector<int> expired(Clock::time_point now) const;
   int round() const { return round_; }
@@ -112,6 +123,7 @@ class ElasticRounds {
   std::vector<Joined> waiting_;  // nodes that asked to join a closed round
   std::set<int> previous_;       // the round before the open one
   std::set<int> connected_, done_;
+  int restarts_ = 0;
   std::map<int, Clock::time_point> last_seen_;
   Clock::time_point opened_at_, last_join_;
 };

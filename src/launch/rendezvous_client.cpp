@@ -14,12 +14,13 @@ namespace tandem::launch {
 namespace {
 
 // How long one answer may take: the server answers at once, so this is a dead or cut-off node.
-constexpr std::chrono::seconds kAnswerTimeout{30};
+constexpr std::chrono::seconds kAnswerTimeout{10};
 
 }  // namespace
 
 RendezvousClient::RendezvousClient(const std::string& host, int port, const std::string& run_id,
-                                   const std::string& nnodes_spec, std::chrono::milliseconds patience)
+                                   const std::string& nnodes_spec, int max_restarts,
+                                   std::chrono::milliseconds patience, const std::function<bool()>& stop)
     : where_(host + ":" + std::to_string(port)) {
   const auto deadline = std::chrono::steady_clock::now() + patience;
   std::string why;
@@ -30,13 +31,14 @@ RendezvousClient::RendezvousClient(const std::string& host, int port, const std:
     } catch (const Error& e) {
       why = e.what();
     }
+    if (stop()) throw Error("stopped while connecting to the elastic rendezvous at " + where_);
     if (std::chrono::steady_clock::now() >= deadline) {
       throw Error("cannot reach the elastic rendezvous at " + where_ + " within " +
                   std::to_string(patience.count() / 1000) + " s (join_timeout): " + why);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
-  const auto answer = request({"HELLO", kElasticProtocol, run_id, nnodes_spec});
+  const auto answer = request({"HELLO", kElasticProtocol, run_id, nnodes_spec, std::to_string(max_restarts)});
   if (answer.size() == 2 && answer[0] == "ERR") throw Error(answer[1]);
   if (answer.size() != 2 || answer[0] != "OK") {
     throw Error("the elastic rendezvous at " + where_ + " answered something unexpected");
@@ -53,8 +55,11 @@ std::vector<std::string> RendezvousClient::request(const std::vector<std::string
     return Error("the elastic rendezvous at " + where_ + " " + what +
                  (fields[0] == "HELLO" ? "" : " (the launcher serving it, on the --master-addr node, stopped or cannot be reached)"));
   };
-  if (::send(fd_, line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
-    throw gone("closed the connection");
+  for (size_t sent = 0; sent < line.size();) {
+    const ssize_t n = ::send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw gone("closed the connection");
+    sent += static_cast<size_t>(n);
   }
   const auto deadline = std::chrono::steady_clock::now() + kAnswerTimeout;
   for (;;) {
@@ -65,7 +70,7 @@ std::vector<std::string> RendezvousClient::request(const std::vector<std::string
       return split_fields(answer);
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) throw gone("did not answer within 30 s");
+    if (left.count() <= 0) throw gone("did not answer within 10 s");
     pollfd p{fd_, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
     char chunk[4096];
@@ -80,9 +85,9 @@ std::vector<std::string> RendezvousClient::request(const std::vector<std::string
   }
 }
 
-bool RendezvousClient::join(const NodeOffer& offer) {
+bool RendezvousClient::join(const NodeOffer& offer, const std::string& failure) {
   const auto answer = request({"JOIN", std::to_string(offer.nproc), offer.addr, std::to_string(offer.port),
-                               offer.hosts_server ? "1" : "0"});
+                               offer.hosts_server ? "1" : "0", field_safe(failure)});
   if (answer.size() != 2 || answer[0] != "OK") throw Error("the elastic rendezvous at " + where_ + " refused to join");
   return answer[1] == "1";
 }

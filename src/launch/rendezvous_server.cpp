@@ -5,22 +5,32 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <map>
 
 #include "launch/elastic_protocol.h"
 
 namespace tandem::launch {
 
+namespace {
+
+// How long a connection may stay without saying HELLO.
+constexpr std::chrono::seconds kHelloTimeout{10};
+
+}  // namespace
+
 struct RendezvousServer::Connection {
   int fd = -1;
   int node = -1;  // set by HELLO
   std::string buffer;
+  ElasticRounds::Clock::time_point accepted;
 };
 
 RendezvousServer::RendezvousServer(int listen_fd, ElasticConfig config, std::string run_id, std::string nnodes_spec)
     : listen_fd_(listen_fd),
       run_id_(std::move(run_id)),
       nnodes_spec_(std::move(nnodes_spec)),
+      max_restarts_(config.max_restarts),
       rounds_(config, ElasticRounds::Clock::now()) {
   (void)!::pipe2(wake_, O_CLOEXEC | O_NONBLOCK);
   thread_ = std::thread([this] { serve(); });
@@ -35,18 +45,32 @@ RendezvousServer::~RendezvousServer() {
   ::close(wake_[1]);
 }
 
-bool RendezvousServer::finished() {
+int RendezvousServer::nodes_connected() {
   std::lock_guard<std::mutex> lock(mutex_);
-  return rounds_.finished();
+  return rounds_.connected();
 }
 
-std::string RendezvousServer::answer(Connection& c, const std::string& line) {
+namespace {
+
+// Control characters other than the tabs that separate fields become spaces: whatever a peer
+// sends, an answer that echoes it stays one line.
+std::string field_safe_line(std::string line) {
+  for (char& c : line) {
+    if (c != '\t' && (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)) c = ' ';
+  }
+  return line;
+}
+
+}  // namespace
+
+std::string RendezvousServer::answer(Connection& c, const std::string& line, bool& close) {
   const auto now = ElasticRounds::Clock::now();
-  const auto f = split_fields(line);
+  const auto f = split_fields(field_safe_line(line));
   const std::string& op = f[0];
   std::lock_guard<std::mutex> lock(mutex_);
   if (c.node < 0) {
-    if (op != "HELLO" || f.size() != 4) return "";  // not one of ours: hang up
+    if (op != "HELLO" || f.size() != 5) return "";  // not one of ours: hang up
+    close = true;
     if (f[1] != kElasticProtocol) {
       return encode_fields({"ERR", "the rendezvous speaks " + std::string(kElasticProtocol) + ", this node " + f[1] +
                                        ": run the same Tandem on every node"});
@@ -59,18 +83,23 @@ std::string RendezvousServer::answer(Connection& c, const std::string& line) {
       return encode_fields({"ERR", "refusing to join: this node was started with --nnodes " + f[3] +
                                        " but the run has --nnodes " + nnodes_spec_});
     }
+    if (f[4] != std::to_string(max_restarts_)) {
+      return encode_fields({"ERR", "refusing to join: this node was started with --max-restarts " + f[4] +
+                                       " but the run has --max-restarts " + std::to_string(max_restarts_)});
+    }
+    close = false;
     c.node = rounds_.connect(now);
     return encode_fields({"OK", std::to_string(c.node)});
   }
   rounds_.seen(c.node, now);
-  if (op == "JOIN" && f.size() == 5) {
+  if (op == "JOIN" && f.size() == 6) {
     NodeOffer offer;
     offer.nproc = std::atoi(f[1].c_str());
     offer.addr = f[2];
     offer.port = std::atoi(f[3].c_str());
     offer.hosts_server = f[4] == "1";
     if (offer.nproc < 1 || offer.port < 1 || offer.port > 65535 || offer.addr.empty()) return "";
-    return encode_fields({"OK", rounds_.join(c.node, offer, now) ? "1" : "0"});
+    return encode_fields({"OK", rounds_.join(c.node, offer, f[5], now) ? "1" : "0"});
   }
   if (op == "POLL" && f.size() == 1) return encode_fields(encode_answer(rounds_.poll(c.node, now)));
   if (op == "DONE" && f.size() == 1) {
@@ -81,6 +110,10 @@ std::string RendezvousServer::answer(Connection& c, const std::string& line) {
 }
 
 void RendezvousServer::serve() {
+  // Signals are the launcher's main thread's business (its self-pipe).
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
   std::map<int, Connection> connections;
   auto drop = [&](int fd) {
     auto it = connections.find(fd);
@@ -98,7 +131,10 @@ void RendezvousServer::serve() {
     ::poll(fds.data(), fds.size(), 200);
     if (fds[1].revents & POLLIN) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) connections[fd].fd = fd;
+      if (fd >= 0) {
+        connections[fd].fd = fd;
+        connections[fd].accepted = ElasticRounds::Clock::now();
+      }
     }
     for (size_t i = 2; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
@@ -115,17 +151,33 @@ void RendezvousServer::serve() {
       for (size_t end; keep && (end = c.buffer.find('\n')) != std::string::npos;) {
         const std::string line = c.buffer.substr(0, end);
         c.buffer.erase(0, end + 1);
-        const std::string reply = answer(c, line);
-        keep = !reply.empty() && ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(reply.size());
+        bool close = false;
+        std::string reply;
+        try {
+          reply = answer(c, line, close);
+        } catch (const std::exception&) {
+          reply.clear();  // a request it cannot answer: hang up on it, never on the job
+        }
+        // Answers are one short line to a client that waits for it: one that would block is a
+        // peer that does not read, and is dropped rather than stall the rendezvous.
+        keep = !reply.empty() && !close &&
+               ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(reply.size());
+        if (close) (void)!::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       }
       if (!keep || c.buffer.size() > kMaxElasticLine) drop(fd);
     }
     // A node that stopped asking (a hung launcher, a network cut without a reset) is gone too.
     std::vector<int> silent;
+    const auto now = ElasticRounds::Clock::now();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      silent = rounds_.expired(ElasticRounds::Clock::now());
+      silent = rounds_.expired(now);
     }
+    std::vector<int> mute;  // connected, never said HELLO
+    for (const auto& [fd, c] : connections) {
+      if (c.node < 0 && now - c.accepted >= kHelloTimeout) mute.push_back(fd);
+    }
+    for (int fd : mute) drop(fd);
     for (int node : silent) {
       for (const auto& [fd, c] : connections) {
         if (c.node == node) {

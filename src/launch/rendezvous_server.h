@@ -17,22 +17,25 @@ class RendezvousServer {
   /// Serves on `listen_fd` (bound and listening; taken over) a run of id `run_id` whose launchers
   /// were started with `--nnodes nnodes_spec`.
   RendezvousServer(int listen_fd, ElasticConfig config, std::string run_id, std::string nnodes_spec);
+  // (The launchers must also agree on --max-restarts: config.max_restarts.)
   ~RendezvousServer();
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;
 
-  /// Whether every node of the last round is done or gone.
-  bool finished();
+  /// Launchers connected now, this node's own included.
+  int nodes_connected();
 
  private:
   struct Connection;
   void serve();
-  /// The answer line to one request line of `c`; empty to close the connection.
-  std::string answer(Connection& c, const std::string& line);
+  /// The answer line to one request line of `c`; empty to close the connection. `close` is set
+  /// when the connection ends after the answer (a refusal).
+  std::string answer(Connection& c, const std::string& line, bool& close);
 
   int listen_fd_;
   int wake_[2] = {-1, -1};
   std::string run_id_, nnodes_spec_;
+  int max_restarts_;
   std::mutex mutex_;
   ElasticRounds rounds_;
   std::atomic<bool> stop_{false};

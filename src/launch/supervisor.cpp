@@ -188,21 +188,6 @@ Supervisor::Outcome Supervisor::run_attempt(const Placement& placement, const st
       }
     }
 
-    if (regroup && !stopping) {
-      std::string why;
-      try {
-        why = regroup();
-      } catch (const Error& e) {
-        failure_ = e.what();
-        note(failure_ + "; stopping the workers");
-        begin_stop(SIGTERM);
-      }
-      if (!why.empty()) {
-        note("next round: " + why + "; stopping the workers (SIGTERM, SIGKILL after the grace period)");
-        regrouping = true;
-        begin_stop(SIGTERM);
-      }
-    }
     bool all_exited = true;
     for (auto& w : workers) {
       if (w.running() && w.poll_exit() && !stopping && failed(*w.status())) {
@@ -213,6 +198,26 @@ Supervisor::Outcome Supervisor::run_attempt(const Placement& placement, const st
         begin_stop(SIGTERM);
       }
       all_exited = all_exited && !w.running();
+    }
+    // Asked on every turn, stopping or not (it is also this node's sign of life to the
+    // rendezvous); acted on only while the workers run. Workers that all finished have finished,
+    // whatever the rendezvous says next.
+    if (regroup && !(all_exited && failure_.empty() && !stopping)) {
+      std::string why;
+      try {
+        why = regroup();
+      } catch (const Error& e) {
+        if (!stopping) {
+          failure_ = e.what();
+          note(failure_ + "; stopping the workers");
+          begin_stop(SIGTERM);
+        }
+      }
+      if (!why.empty() && !stopping) {
+        note("next round: " + why + "; stopping the workers (SIGTERM, SIGKILL after the grace period)");
+        regrouping = true;
+        begin_stop(SIGTERM);
+      }
     }
     if (stopping && Clock::now() >= kill_deadline) {
       stop_all(SIGKILL);
@@ -234,36 +239,31 @@ int Supervisor::run_elastic() {
   note("elastic job: " + std::to_string(options_.nproc) + " worker(s) on this node, --nnodes " + options_.nnodes_spec +
        ", rendezvous " + options_.master_addr + ":" + std::to_string(options_.master_port) + ", run " +
        options_.run_id + ", logs in " + options_.log_dir);
-  int restarts = 0;
+  // A signal while this node waits for the rendezvous ends the launcher, as one during a round does.
+  auto signalled = [&] {
+    unsigned char sig;
+    while (::read(g_signal_pipe[0], &sig, 1) == 1) {
+      if (sig != SIGCHLD && !interrupt_signal_) interrupt_signal_ = sig;
+    }
+    return interrupt_signal_ != 0;
+  };
+  auto stopped = [&](const char* where) {
+    note(std::string("stopped by ") + ::strsignal(interrupt_signal_) + where);
+    return 128 + interrupt_signal_;
+  };
   std::optional<ElasticAgent> agent;
   try {
-    agent.emplace(options_);
+    agent.emplace(options_, signalled);
     if (agent->hosts_rendezvous()) note("this node serves the rendezvous");
-    for (bool after_failure = false;;) {
+    for (std::string failure;;) {
       bool counted = false;
-      const auto round = agent->next_round(&counted, [&] {
-        unsigned char sig;
-        while (::read(g_signal_pipe[0], &sig, 1) == 1) {
-          if (sig != SIGCHLD && !interrupt_signal_) interrupt_signal_ = sig;
-        }
-        return interrupt_signal_ != 0;
-      });
-      if (interrupt_signal_) {
-        note(std::string("stopped by ") + ::strsignal(interrupt_signal_) + " while waiting for a round");
-        return 128 + interrupt_signal_;
-      }
+      const auto round = agent->next_round(failure, &counted, signalled);
+      if (interrupt_signal_) return stopped(" while waiting for a round");
       if (!round) {
         note("the job finished before this node was given a place");
         return 0;
       }
-      if (after_failure && counted) {
-        if (restarts >= options_.max_restarts) {
-          note("job failed: " + failure_ + (options_.max_restarts ? " (after " + std::to_string(restarts) + " restarts)" : ""));
-          return 1;
-        }
-        ++restarts;
-        note("restart " + std::to_string(restarts) + " of " + std::to_string(options_.max_restarts) + " after: " + failure_);
-      }
+      if (counted) note("restarting after: " + failure + " (one of --max-restarts " + std::to_string(options_.max_restarts) + ")");
       Placement p;
       p.node_rank = round->node_rank;
       p.nnodes = round->nnodes;
@@ -278,16 +278,14 @@ int Supervisor::run_elastic() {
            ", rank 0's store " + p.master_addr + ":" + std::to_string(p.master_port));
       const Outcome outcome = run_attempt(p, [&] { return agent->restart_reason(); });
       if (outcome == Outcome::Succeeded) {
-        agent->finish();
+        agent->finish(signalled);
         return 0;
       }
-      if (outcome == Outcome::Interrupted) {
-        note(std::string("stopped by ") + ::strsignal(interrupt_signal_));
-        return 128 + interrupt_signal_;
-      }
-      after_failure = outcome == Outcome::Failed;
+      if (outcome == Outcome::Interrupted) return stopped("");
+      failure = outcome == Outcome::Failed ? failure_ : "";
     }
   } catch (const Error& e) {
+    if (interrupt_signal_) return stopped(" while waiting for the rendezvous");
     note(std::string("job failed: ") + e.what());
     return 1;
   }

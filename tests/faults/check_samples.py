@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""check_samples.py OUT N EPOCHS: every sample once in every epoch of an elastic run.
+"""check_samples.py OUT N EPOCHS [WORLDS]: every sample once in every epoch of an elastic run.
 
-Reads fault_trainer's traces OUT/trace.a<round>.r<rank> (lines `resumed <step> ...`, `samples
-<step> <epoch> <ids>`). A later round resumed from a checkpoint and did the steps after it again;
-the steps that made the final weights are, for each step, those of the last round that did it.
-Checks that those steps are 1..S without a gap, that each round began right after the step it
-resumed from, and that each of the EPOCHS epochs holds each of the N samples exactly once.
-Prints the rounds (world size, steps) and exits 1 with one line on the first violation."""
+Reads fault_trainer's traces OUT/trace.a<round>.r<rank> (lines `resumed <step> <checkpoint>`,
+`samples <step> <epoch> <ids>`, `saved <step> <checkpoint>`, `saved-on-sigterm <step>
+<checkpoint>`). A later round resumed from a checkpoint and did the steps after it again; the
+steps that made the final weights are, for each step, those of the last round that did it.
+Checks that each round resumed from a checkpoint written by the round those steps came from,
+began right after its step, that the steps are 1..S without a gap, and that each of the EPOCHS
+epochs holds each of the N samples exactly once; with WORLDS (e.g. 4,2,4), that the rounds had
+those world sizes. Prints the rounds and exits 1 with one line on the first violation."""
 import collections
 import glob
 import os
@@ -22,7 +24,8 @@ def fail(message):
 def main():
     out, n, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     rounds = collections.defaultdict(dict)  # round -> rank -> {step: (epoch, ids)}
-    resumed = {}
+    resumed = {}  # round -> (step, checkpoint)
+    saved_by = {}  # checkpoint -> round that wrote it
     for path in glob.glob(os.path.join(out, "trace.a*.r*")):
         m = re.fullmatch(r"trace\.a(\d+)\.r(\d+)", os.path.basename(path))
         a, r = int(m.group(1)), int(m.group(2))
@@ -30,10 +33,16 @@ def main():
         with open(path) as f:
             for line in f:
                 words = line.split()
+                start = None
                 if words and words[0] == "resumed":
-                    resumed[a] = int(words[1])
+                    start = (int(words[1]), words[2])
                 elif words and words[0] == "fresh":
-                    resumed[a] = 0
+                    start = (0, None)
+                if start is not None:
+                    if resumed.setdefault(a, start) != start:
+                        fail(f"the ranks of round {a} began from different places: {resumed[a]} and {start}")
+                elif words and words[0] in ("saved", "saved-on-sigterm"):
+                    saved_by[words[2]] = a
                 elif words and words[0] == "samples":
                     steps[int(words[1])] = (int(words[2]), [int(w) for w in words[3:]])
     if not rounds:
@@ -45,9 +54,17 @@ def main():
         if sorted(ranks) != list(range(world)):
             fail(f"round {a} has traces of ranks {sorted(ranks)}, not 0..{world - 1}")
         done = sorted(set().union(*[set(s) for s in ranks.values()]))
-        start = resumed.get(a)
-        if start is None:
+        if a not in resumed:
             fail(f"round {a} says neither fresh nor resumed")
+        start, checkpoint = resumed[a]
+        if start > 0:
+            # The checkpoint must be the one the lineage's round of that step wrote.
+            if start not in lineage:
+                fail(f"round {a} resumed from step {start}, which no earlier round did")
+            writer = saved_by.get(checkpoint)
+            if writer != lineage[start][0]:
+                fail(f"round {a} resumed from {checkpoint}, written by round {writer}, but step {start} "
+                     f"of the final weights is round {lineage[start][0]}'s")
         if done and done[0] != start + 1:
             fail(f"round {a} resumed from step {start} but its first step is {done[0]}")
         print(f"round {a}: world {world}, resumed from step {start}, steps {done[0] if done else '-'}..{done[-1] if done else '-'}")
@@ -66,6 +83,11 @@ def main():
     per_epoch = collections.defaultdict(collections.Counter)
     for step in steps:
         per_epoch[lineage[step][1]].update(lineage[step][2])
+    if len(sys.argv) > 4:
+        worlds = [int(w) for w in sys.argv[4].split(",")]
+        got = [len(rounds[a]) for a in sorted(rounds)]
+        if got != worlds:
+            fail(f"the rounds had world sizes {got}, not {worlds}")
     if sorted(per_epoch) != list(range(epochs)):
         fail(f"epochs {sorted(per_epoch)} were trained, not 0..{epochs - 1}")
     for e in range(epochs):

@@ -15,15 +15,16 @@ namespace {
 struct Rounds {
   ElasticRounds::Clock::time_point t{};
   ElasticRounds r;
-  explicit Rounds(int min, int max)
+  explicit Rounds(int min, int max, int max_restarts = 3)
       : r(ElasticConfig{min, max, std::chrono::milliseconds(2000), std::chrono::milliseconds(60000),
-                        std::chrono::milliseconds(15000)},
+                        std::chrono::milliseconds(15000), max_restarts},
           ElasticRounds::Clock::time_point{}) {}
   void pass(std::chrono::milliseconds d) { t += d; }
   int node() { return r.connect(t); }
-  bool join(int n, int nproc = 2, bool host = false) {
-    return r.join(n, NodeOffer{nproc, "10.0.0." + std::to_string(n + 1), 20000 + n, host}, t);
+  bool join(int n, int nproc = 2, bool host = false, const std::string& failure = "") {
+    return r.join(n, NodeOffer{nproc, "10.0.0." + std::to_string(n + 1), 20000 + n, host}, failure, t);
   }
+  bool fail(int n, bool host = false) { return join(n, 2, host, "rank 0 failed with exit code 3"); }
   PollAnswer poll(int n) { return r.poll(n, t); }
 };
 
@@ -96,7 +97,7 @@ TEST(ElasticRounds, ALostNodeRestartsTheOthersWhoGoOnWithoutIt) {
   const auto told = x.poll(a);
   ASSERT_EQ(told.kind, Kind::Restart);
   EXPECT_EQ(told.why, "a node of round 0 was lost");
-  EXPECT_FALSE(x.join(a));  // its workers failing with it does not count as a failure of its own
+  EXPECT_FALSE(x.fail(a, true));  // its workers failing with the lost node do not count as a restart
   EXPECT_EQ(x.r.round(), 1);
   x.pass(2000ms);  // the lost node does not hold the round up
   const auto go = x.poll(a);
@@ -112,11 +113,11 @@ TEST(ElasticRounds, AFailureOpensTheNextRoundAndWaitsForTheOtherNodes) {
   x.join(b);
   x.join(c);
   ASSERT_EQ(x.poll(a).kind, Kind::Go);
-  EXPECT_TRUE(x.join(b));  // b's workers failed: its own failure
+  EXPECT_TRUE(x.fail(b));  // b's workers failed first: one restart of the job
   const auto told = x.poll(a);
   ASSERT_EQ(told.kind, Kind::Restart);
   EXPECT_EQ(told.why, "round 1 began without this node (another node's workers failed)");
-  EXPECT_FALSE(x.join(a));
+  EXPECT_FALSE(x.fail(a));  // a's workers failed with b's: the same restart
   x.pass(10s);
   EXPECT_EQ(x.poll(a).kind, Kind::Wait);  // c is still there, stopping its workers: wait for it
   x.join(c);
@@ -179,4 +180,66 @@ TEST(ElasticProtocol, AnswersRoundTrip) {
   EXPECT_THROW(encode_fields({"a\tb"}), tandem::Error);
   EXPECT_THROW(decode_answer({"GO", "1"}), tandem::Error);
   EXPECT_THROW(decode_answer({"GO", "x", "1", "2", "4", "2", "h", "1"}), tandem::Error);
+}
+
+TEST(ElasticRounds, RestartsAreCountedForTheJob) {
+  Rounds x(1, 2, /*max_restarts=*/1);
+  const int a = x.node(), b = x.node();
+  x.join(a, 2, true);
+  x.join(b);
+  ASSERT_EQ(x.poll(a).kind, Kind::Go);
+  EXPECT_TRUE(x.fail(b));
+  EXPECT_FALSE(x.fail(a));
+  ASSERT_EQ(x.poll(b).kind, Kind::Go);  // round 1, both
+  EXPECT_TRUE(x.fail(a, true));         // the second failure, wherever it is, is one too many
+  const auto failed = x.poll(b);
+  ASSERT_EQ(failed.kind, Kind::Failed);
+  EXPECT_EQ(failed.why, "after 1 restart(s) (--max-restarts): rank 0 failed with exit code 3");
+  EXPECT_EQ(x.poll(a).kind, Kind::Failed);
+}
+
+TEST(ElasticRounds, AFailureAfterAnotherNodeFinishedFailsTheJob) {
+  Rounds x(1, 2);
+  const int a = x.node(), b = x.node();
+  x.join(a, 2, true);
+  x.join(b);
+  ASSERT_EQ(x.poll(a).kind, Kind::Go);
+  x.r.done(a);
+  x.fail(b);
+  const auto failed = x.poll(b);
+  ASSERT_EQ(failed.kind, Kind::Failed);
+  EXPECT_EQ(failed.why, "a node's workers failed after another node's had finished: rank 0 failed with exit code 3");
+}
+
+TEST(ElasticRounds, TheLastRoundsNodesComeBeforeNewcomersEvenAtMax) {
+  Rounds x(1, 2);
+  const int host = x.node(), b = x.node();
+  x.join(host, 2, true);
+  x.join(b);
+  ASSERT_EQ(x.poll(b).kind, Kind::Go);
+  const int d = x.node();
+  x.join(d);                // waits: the round is full
+  EXPECT_EQ(x.poll(d).kind, Kind::Wait);
+  EXPECT_TRUE(x.fail(b));   // round 1 opens with b and the waiting d: MAX, but the host is still stopping
+  EXPECT_EQ(x.poll(d).kind, Kind::Wait);
+  EXPECT_EQ(x.poll(host).kind, Kind::Restart);
+  x.join(host, 2, true);
+  const auto go_host = x.poll(host), go_b = x.poll(b), go_d = x.poll(d);
+  ASSERT_EQ(go_host.kind, Kind::Go);
+  EXPECT_EQ(go_host.assignment.node_rank, 0);
+  ASSERT_EQ(go_b.kind, Kind::Go);
+  EXPECT_EQ(go_b.assignment.node_rank, 1);
+  EXPECT_EQ(go_d.kind, Kind::Wait);  // the newcomer waits for the next place
+}
+
+TEST(ElasticRounds, AFinishedNodeDoesNotHoldTheNextRoundUp) {
+  Rounds x(1, 2);
+  const int a = x.node(), b = x.node();
+  x.join(a, 2, true);
+  x.join(b);
+  ASSERT_EQ(x.poll(b).kind, Kind::Go);
+  x.r.disconnect(b, x.t);  // lost
+  x.r.done(a);
+  EXPECT_TRUE(x.r.finished());
+  EXPECT_EQ(x.r.connected(), 1);
 }

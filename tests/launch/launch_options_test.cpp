@@ -7,25 +7,17 @@
 
 #include "tandem/comm/net.h"
 #include "tandem/error.h"
+#include "flag_errors.h"
 #include "launch/launch_options.h"
 
 using tandem::launch::LaunchOptions;
+using tandem::launch::testing::flags_error;
 
 namespace {
 
 std::string error_of(LaunchOptions o, int gpus = 0, int cpus = 2) {
   try {
     tandem::launch::resolve(o, gpus, cpus);
-  } catch (const tandem::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-// resolve_flags alone: no PATH lookup, no port probe.
-std::string flags_error(LaunchOptions o) {
-  try {
-    tandem::launch::resolve_flags(o, 0, 2);
   } catch (const tandem::Error& e) {
     return e.what();
   }

@@ -8,12 +8,14 @@
 #include <fstream>
 #include <sstream>
 
+#include "flag_errors.h"
 #include "launch/launch_options.h"
 #include "launch/mpirun_command.h"
 #include "launch/mpirun_output.h"
 #include "tandem/error.h"
 
 using tandem::launch::LaunchOptions;
+using tandem::launch::testing::flags_error;
 
 namespace {
 
@@ -24,15 +26,6 @@ LaunchOptions mpi_options() {
   o.program_path = "/bin/echo";
   o.mpirun_path = "/usr/bin/mpirun";
   return o;
-}
-
-std::string flags_error(LaunchOptions o) {
-  try {
-    tandem::launch::resolve_flags(o, 0, 2);
-  } catch (const tandem::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 std::string joined(const std::vector<std::string>& words) {
