@@ -144,6 +144,7 @@ int train(int argc, char** argv) {
   auto [test_x, test_y] = sentences(512, context, 2);
   auto train_loader = acc.prepare_data(train_x, train_y, batch_size);
   auto test_loader = acc.prepare_data(test_x, test_y, 64, /*shuffle=*/false);
+  acc.handle_stop_signals();  // SIGTERM / SIGINT: save and stop after the step (below)
   // --resume-from, or by itself when the job was started again (requeued by Slurm, restarted by
   // its launcher): the newest checkpoint under --checkpoints, if there is one.
   std::optional<std::string> resumed;
@@ -176,6 +177,15 @@ int train(int argc, char** argv) {
       bar.update(acc.completed_steps(), batch.data.size(0) * acc.num_processes(), loss.item<double>());
       if (checkpointing_steps > 0 && acc.sync_gradients() && acc.completed_steps() % checkpointing_steps == 0) {
         acc.save_state(checkpoints);
+      }
+      // Preempted (Slurm), asked to make room (an elastic job's next round) or Ctrl-C: save the
+      // step every process agrees on, and stop as the signal would have (Note [Stopping on a signal]).
+      if (acc.sync_gradients() && acc.stop_requested()) {
+        bar.finish();
+        const std::string saved = acc.save_state(checkpoints);
+        acc.print("stopped by signal %d after step %lld: checkpoint %s\n", acc.stop_signal(),
+                  static_cast<long long>(acc.completed_steps()), saved.c_str());
+        return 128 + acc.stop_signal();
       }
     }
   }

@@ -157,6 +157,18 @@ class Accelerator {
   /// torchrun --max-restarts) or Slurm requeued it. Such a job goes on from its newest checkpoint
   /// (load_state_if_any) instead of starting afresh (docs/cluster.md; the examples do).
   bool restarted() const { return world_.restart_count > 0 || world_.requeue_count > 0; }
+  /// Note [Stopping on a signal]: from this call on, SIGTERM and SIGINT no longer end the process
+  /// at once; they set a flag that stop_requested() reads, so that the loop can save a checkpoint
+  /// and return within the launcher's grace period (Slurm's preemption, an elastic job's next
+  /// round, Ctrl-C). A second signal of the same kind ends the process as it would have.
+  void handle_stop_signals();
+  /// Whether a stop signal reached any process (after handle_stop_signals()): the same answer on
+  /// every process, so that all stop after the same step. Collective (a one-int all-reduce) once
+  /// handle_stop_signals() was called; false without a collective before.
+  bool stop_requested();
+  /// The signal stop_requested() answered for (on every process), 0 when none: a program exits
+  /// 128 + it after saving, as a process killed by it would.
+  int stop_signal() const { return stop_signal_; }
   /// The user's module of a prepared model.
   template <typename ModuleHolder>
   ModuleHolder& unwrap(PreparedModel<ModuleHolder>& model) { return model->module(); }
@@ -220,6 +232,8 @@ class Accelerator {
 
  private:
   friend class MainProcessFirst;
+  bool handling_stop_signals_ = false;
+  int stop_signal_ = 0;
   using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
   /// One tensor of a prepared model in a checkpoint: its whole shape and dtype, and the rows of
   /// its dim 0 this rank holds (count -1: all of it; FSDP's parameters: the shard's rows).
