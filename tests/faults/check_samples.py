@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""check_samples.py OUT N EPOCHS [WORLDS]: every sample once in every epoch of an elastic run.
+"""check_samples.py OUT N EPOCHS [WORLDS [REFERENCE]]: every sample once in every epoch of an elastic run.
 
 Reads fault_trainer's traces OUT/trace.a<round>.r<rank> (lines `resumed <step> <checkpoint>`,
 `samples <step> <epoch> <ids>`, `saved <step> <checkpoint>`, `saved-on-sigterm <step>
@@ -8,7 +8,10 @@ steps that made the final weights are, for each step, those of the last round th
 Checks that each round resumed from a checkpoint written by the round those steps came from,
 began right after its step, that the steps are 1..S without a gap, and that each of the EPOCHS
 epochs holds each of the N samples exactly once; with WORLDS (e.g. 4,2,4), that the rounds had
-those world sizes. Prints the rounds and exits 1 with one line on the first violation."""
+those world sizes. With REFERENCE (the traces of an uninterrupted run, same seed, one round): every
+epoch trained whole by one round of the reference's world size is, step by step and rank by rank,
+the reference's epoch (the permutation a job of that size draws, split the same way). Prints the
+rounds and exits 1 with one line on the first violation."""
 import collections
 import glob
 import os
@@ -21,9 +24,9 @@ def fail(message):
     sys.exit(1)
 
 
-def main():
-    out, n, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    rounds = collections.defaultdict(dict)  # round -> rank -> {step: (epoch, ids)}
+def read_traces(out):
+    """round -> rank -> {step: (epoch, ids)}, the lines that start each round, who saved what."""
+    rounds = collections.defaultdict(dict)
     resumed = {}  # round -> (step, checkpoint)
     saved_by = {}  # checkpoint -> round that wrote it
     for path in glob.glob(os.path.join(out, "trace.a*.r*")):
@@ -45,6 +48,21 @@ def main():
                     saved_by[words[2]] = a
                 elif words and words[0] == "samples":
                     steps[int(words[1])] = (int(words[2]), [int(w) for w in words[3:]])
+    return rounds, resumed, saved_by
+
+
+def epochs_of(ranks):
+    """epoch -> [(rank, ids) of each rank, step after step] of one round's traces."""
+    out = collections.defaultdict(list)
+    for step in sorted(set().union(*[set(s) for s in ranks.values()])):
+        epoch = ranks[0][step][0]
+        out[epoch].append([(r, ranks[r][step][1]) for r in sorted(ranks)])
+    return out
+
+
+def main():
+    out, n, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    rounds, resumed, saved_by = read_traces(out)
     if not rounds:
         fail(f"no trace under {out}")
     lineage = {}  # step -> (round, epoch, ids of every rank)
@@ -88,6 +106,25 @@ def main():
         got = [len(rounds[a]) for a in sorted(rounds)]
         if got != worlds:
             fail(f"the rounds had world sizes {got}, not {worlds}")
+    if len(sys.argv) > 5:
+        ref_rounds, _, _ = read_traces(sys.argv[5])
+        ref = epochs_of(ref_rounds[0])
+        ref_world = len(ref_rounds[0])
+        compared = []
+        for e in range(epochs):
+            steps_e = [step for step in steps if lineage[step][1] == e]
+            owners = {lineage[step][0] for step in steps_e}
+            if len(owners) != 1 or len(rounds[next(iter(owners))]) != ref_world:
+                continue
+            a = owners.pop()
+            got = [[(r, rounds[a][r][step][1]) for r in sorted(rounds[a])] for step in steps_e]
+            if got != ref[e]:
+                fail(f"epoch {e} (round {a}, world {ref_world}) is not the epoch an uninterrupted job of that size draws")
+            compared.append(e)
+        if not compared:
+            fail("no epoch was trained whole by one round of the reference's world size")
+        print(f"check_samples: epochs {compared}, each trained whole by one round, are the uninterrupted run's, "
+              "rank by rank")
     if sorted(per_epoch) != list(range(epochs)):
         fail(f"epochs {sorted(per_epoch)} were trained, not 0..{epochs - 1}")
     for e in range(epochs):

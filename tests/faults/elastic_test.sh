@@ -2,11 +2,12 @@
 # elastic_test.sh TANDEM TRAINER: `tandem run --nnodes 1:2 --nproc-per-node 2 --max-restarts 2` on
 # two "hosts" (network namespaces A and B; A serves the rendezvous). After step 5 of 24, in the
 # second epoch, host B is killed (SIGKILL of its launcher and workers): A goes on alone, at world 2,
-# from the newest checkpoint. Two steps later, mid-epoch again, B starts again and joins at the next round, which
-# A begins at once (its workers save on SIGTERM): world 4 again, to the end. Passes when the
+# from the newest checkpoint. Two steps later, mid-epoch again, B starts again and joins at the
+# next round, which A begins at once (its workers save on SIGTERM): world 4 again, to the end. Passes when the
 # rounds are 4, 2 and 4 ranks, every sample of every epoch was trained exactly once (the
-# sample-id log, check_samples.py) and the final loss is within the spread of uninterrupted runs
-# (printed). The time from the kill to training again is printed.
+# sample-id log, check_samples.py), the epochs round 2 trained whole are those of the
+# uninterrupted run at world 4 rank by rank, and the final loss is within the spread of
+# uninterrupted runs (printed). The time from the kill to training again is printed.
 set -u
 source "$(dirname "$0")/lib.sh"
 tandem="$1"; trainer="$2"; here="$(dirname "$0")"
@@ -62,7 +63,6 @@ grep -q "round 0: node 0 of 2, ranks 0..1 of a world of 4" "$work/a.log" || fail
 grep -q "round 1: node 0 of 1, ranks 0..1 of a world of 2" "$work/a.log" || fail "A did not go on alone at world 2"
 grep -q "round 2: node 0 of 2, ranks 0..1 of a world of 4" "$work/a.log" || fail "B did not join round 2"
 grep -q "round 2: node 1 of 2, ranks 2..3 of a world of 4" "$work/b2.log" || fail "B's second launcher was not node 1 of round 2"
-python3 "$here/check_samples.py" "$out" 96 8 4,2,4 || fail "the sample log breaks every-sample-once"
 elastic_loss=$(grep -h '^loss ' "$out"/trace.a2.r0 | cut -d' ' -f2)
 [[ -n "$elastic_loss" ]] || fail "round 2 printed no final loss"
 # Uninterrupted runs (one host, 4 processes), three seeds: the run-to-run spread.
@@ -70,10 +70,12 @@ losses=()
 for seed in 7 8 9; do
   ref="$work/ref$seed"; mkdir -p "$ref"
   run_job "$ref/launcher.log" 300 "$tandem" run --nproc-per-node 4 -- \
-    "$trainer" train --root "$ref/checkpoints" --out "$ref" --epochs 8 --every 1000 --seed "$seed"
+    "$trainer" train --root "$ref/checkpoints" --out "$ref" --epochs 8 --every 1000 --seed "$seed" --sample-log
   [[ $RC -eq 0 ]] || fail "the uninterrupted run of seed $seed failed"
   losses+=("$(grep -h '^loss ' "$ref/trace.a0.r0" | cut -d' ' -f2)")
 done
+# Every sample once; and the epochs round 2 trained whole are seed 7's uninterrupted epochs at world 4.
+python3 "$here/check_samples.py" "$out" 96 8 4,2,4 "$work/ref7" || fail "the sample log breaks every-sample-once"
 echo "elastic: final loss $elastic_loss (seed 7, world 4 -> 2 -> 4); uninterrupted at world 4, seeds 7 8 9: ${losses[*]}"
 python3 - "$elastic_loss" "${losses[@]}" <<'PY' || fail "the elastic run's loss is outside the uninterrupted runs' spread"
 import sys
