@@ -25,6 +25,14 @@ struct Rounds {
     return r.join(n, NodeOffer{nproc, "10.0.0." + std::to_string(n + 1), 20000 + n, host}, failure, t);
   }
   bool fail(int n, bool host = false) { return join(n, 2, host, "rank 0 failed with exit code 3"); }
+  /// A serving node and another, both in a running round 0 (MIN 1, MAX 2): {host, other}.
+  std::pair<int, int> running_pair() {
+    const int host = node(), other = node();
+    join(host, 2, true);
+    join(other);
+    EXPECT_EQ(poll(host).kind, Kind::Go);
+    return {host, other};
+  }
   PollAnswer poll(int n) { return r.poll(n, t); }
 };
 
@@ -89,10 +97,7 @@ TEST(ElasticRounds, FewerThanMinFailAtTheJoinTimeout) {
 
 TEST(ElasticRounds, ALostNodeRestartsTheOthersWhoGoOnWithoutIt) {
   Rounds x(1, 2);
-  const int a = x.node(), b = x.node();
-  x.join(a, 2, true);
-  x.join(b);
-  ASSERT_EQ(x.poll(a).kind, Kind::Go);
+  const auto [a, b] = x.running_pair();
   x.r.disconnect(b, x.t);
   const auto told = x.poll(a);
   ASSERT_EQ(told.kind, Kind::Restart);
@@ -184,10 +189,7 @@ TEST(ElasticProtocol, AnswersRoundTrip) {
 
 TEST(ElasticRounds, RestartsAreCountedForTheJob) {
   Rounds x(1, 2, /*max_restarts=*/1);
-  const int a = x.node(), b = x.node();
-  x.join(a, 2, true);
-  x.join(b);
-  ASSERT_EQ(x.poll(a).kind, Kind::Go);
+  const auto [a, b] = x.running_pair();
   EXPECT_TRUE(x.fail(b));
   EXPECT_FALSE(x.fail(a));
   ASSERT_EQ(x.poll(b).kind, Kind::Go);  // round 1, both
@@ -200,10 +202,7 @@ TEST(ElasticRounds, RestartsAreCountedForTheJob) {
 
 TEST(ElasticRounds, AFailureAfterAnotherNodeFinishedFailsTheJob) {
   Rounds x(1, 2);
-  const int a = x.node(), b = x.node();
-  x.join(a, 2, true);
-  x.join(b);
-  ASSERT_EQ(x.poll(a).kind, Kind::Go);
+  const auto [a, b] = x.running_pair();
   x.r.done(a);
   x.fail(b);
   const auto failed = x.poll(b);
@@ -213,10 +212,7 @@ TEST(ElasticRounds, AFailureAfterAnotherNodeFinishedFailsTheJob) {
 
 TEST(ElasticRounds, TheLastRoundsNodesComeBeforeNewcomersEvenAtMax) {
   Rounds x(1, 2);
-  const int host = x.node(), b = x.node();
-  x.join(host, 2, true);
-  x.join(b);
-  ASSERT_EQ(x.poll(b).kind, Kind::Go);
+  const auto [host, b] = x.running_pair();
   const int d = x.node();
   x.join(d);                // waits: the round is full
   EXPECT_EQ(x.poll(d).kind, Kind::Wait);
@@ -234,10 +230,7 @@ TEST(ElasticRounds, TheLastRoundsNodesComeBeforeNewcomersEvenAtMax) {
 
 TEST(ElasticRounds, AFinishedNodeDoesNotHoldTheNextRoundUp) {
   Rounds x(1, 2);
-  const int a = x.node(), b = x.node();
-  x.join(a, 2, true);
-  x.join(b);
-  ASSERT_EQ(x.poll(b).kind, Kind::Go);
+  const auto [a, b] = x.running_pair();
   x.r.disconnect(b, x.t);  // lost
   x.r.done(a);
   EXPECT_TRUE(x.r.finished());
