@@ -18,8 +18,7 @@ int ElasticRounds::connect(Clock::time_point now) {
   return id;
 }
 
-void ElasticRounds::disconnect(int node, Clock::time_point now) {
-  (void)now;
+void ElasticRounds::disconnect(int node) {
   connected_.erase(node);
   last_seen_.erase(node);
   auto drop = [&](std::vector<Joined>& list) {

@@ -82,7 +82,7 @@ class ElasticRounds {
   /// A launcher connected; its id.
   int connect(Clock::time_point now);
   /// Its connection closed (or it went silent): a member of the running round is lost.
-  void disconnect(int node, Clock::time_point now);
+  void disconnect(int node);
   /// Any request from `node`: it is alive.
   void seen(int node, Clock::time_point now);
   /// `node` wants a place in the next round: at start, when told to restart, or after its workers

@@ -26,6 +26,13 @@ std::string temp_dir() {
   return (t && *t) ? t : "/tmp";
 }
 
+// A count on the command line: 1 to 999999 in decimal digits, or 0 when the text is none.
+int positive_count(const std::string& text) {
+  bool digits = !text.empty() && text.size() < 7;
+  for (char c : text) digits = digits && c >= '0' && c <= '9';
+  return digits ? std::atoi(text.c_str()) : 0;
+}
+
 }  // namespace
 
 int resolve_nproc(const std::string& spec, int gpu_count, int cpu_count) {
@@ -35,9 +42,7 @@ int resolve_nproc(const std::string& spec, int gpu_count, int cpu_count) {
   }
   if (spec == "cpu") return std::max(cpu_count, 1);
   if (spec == "auto") return gpu_count > 0 ? gpu_count : std::max(cpu_count, 1);
-  bool digits = !spec.empty() && spec.size() < 7;
-  for (char c : spec) digits = digits && c >= '0' && c <= '9';
-  int n = digits ? std::atoi(spec.c_str()) : -1;
+  const int n = positive_count(spec);
   if (n < 1) {
     throw Error("--nproc-per-node '" + spec + "' is not valid: expected a positive number, gpu, cpu or auto");
   }
@@ -127,9 +132,7 @@ void resolve_mpi_flags(LaunchOptions& o) {
 // --nnodes N or MIN:MAX (torchrun's spelling).
 void resolve_nnodes(LaunchOptions& o) {
   auto count = [&](const std::string& text) {
-    bool digits = !text.empty() && text.size() < 7;
-    for (char c : text) digits = digits && c >= '0' && c <= '9';
-    const int n = digits ? std::atoi(text.c_str()) : 0;
+    const int n = positive_count(text);
     if (n < 1) {
       throw Error("--nnodes " + o.nnodes_spec + " is not valid: expected a positive number, or MIN:MAX for an elastic job");
     }

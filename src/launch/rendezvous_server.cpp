@@ -20,7 +20,6 @@ constexpr std::chrono::seconds kHelloTimeout{10};
 }  // namespace
 
 struct RendezvousServer::Connection {
-  int fd = -1;
   int node = -1;  // set by HELLO
   std::string buffer;
   ElasticRounds::Clock::time_point accepted;
@@ -50,22 +49,11 @@ int RendezvousServer::nodes_connected() {
   return rounds_.connected();
 }
 
-namespace {
-
-// Control characters other than the tabs that separate fields become spaces: whatever a peer
-// sends, an answer that echoes it stays one line.
-std::string field_safe_line(std::string line) {
-  for (char& c : line) {
-    if (c != '\t' && (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)) c = ' ';
-  }
-  return line;
-}
-
-}  // namespace
-
 std::string RendezvousServer::answer(Connection& c, const std::string& line, bool& close) {
   const auto now = ElasticRounds::Clock::now();
-  const auto f = split_fields(field_safe_line(line));
+  // Whatever a peer sends, an answer that echoes a field stays one line.
+  auto f = split_fields(line);
+  for (auto& field : f) field = field_safe(std::move(field));
   const std::string& op = f[0];
   std::lock_guard<std::mutex> lock(mutex_);
   if (c.node < 0) {
@@ -120,7 +108,7 @@ void RendezvousServer::serve() {
     if (it == connections.end()) return;
     if (it->second.node >= 0) {
       std::lock_guard<std::mutex> lock(mutex_);
-      rounds_.disconnect(it->second.node, ElasticRounds::Clock::now());
+      rounds_.disconnect(it->second.node);
     }
     ::close(fd);
     connections.erase(it);
@@ -131,10 +119,7 @@ void RendezvousServer::serve() {
     ::poll(fds.data(), fds.size(), 200);
     if (fds[1].revents & POLLIN) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) {
-        connections[fd].fd = fd;
-        connections[fd].accepted = ElasticRounds::Clock::now();
-      }
+      if (fd >= 0) connections[fd].accepted = ElasticRounds::Clock::now();
     }
     for (size_t i = 2; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;

@@ -18,16 +18,7 @@ out="$work/out"; mkdir -p "$out"
 launch=(run --nnodes 1:2 --nproc-per-node 2 --max-restarts 2 --master-addr "$ADDR_A" --master-port "$port"
         --rdzv-conf last_call_timeout=2 --grace-period 20)
 train=(train --root "$work/checkpoints" --out "$out" --epochs 8 --every 2 --sample-log --save-on-sigterm --step-delay-ms 250)
-last_step() { grep -h '^step ' "$out"/trace.a"$1".r0 2>/dev/null | tail -1 | cut -d' ' -f2; }
-wait_step() {  # wait_step ROUND STEP SECONDS
-  local i
-  for ((i = 0; i < $3 * 10; ++i)); do
-    (( $(last_step "$1" || echo 0) >= $2 )) 2>/dev/null && return 0
-    kill -0 "$job_a" 2>/dev/null || fail "host A's launcher ended before round $1 reached step $2"
-    sleep 0.1
-  done
-  fail "round $1 did not reach step $2 within $3 s"
-}
+wait_step() { wait_trace_step "$out/trace.a$1.r0" "$2" "$3" "$job_a"; }  # wait_step ROUND STEP SECONDS
 
 # B first: it retries its connection until A serves, so that round 0 has both whatever A's start
 # costs (A's last call, 2 s, starts when A joins).
@@ -39,7 +30,7 @@ wait_step 0 5 120
 ip netns pids "$B" | xargs -r kill -9
 killed=$(now_ns)
 wait "$job_b" 2>/dev/null
-echo "elastic: killed host B (launcher and workers) after step $(last_step 0) of round 0"
+echo "elastic: killed host B (launcher and workers) after step $(last_trace_step "$out/trace.a0.r0") of round 0"
 wait_step 1 1 120
 back=$(sort -n "$out"/resumed.a1.r* | tail -1)
 resumed_at=$(head -1 "$out/trace.a1.r0")

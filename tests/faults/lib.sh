@@ -35,6 +35,21 @@ wait_for() {
   fail "$1 did not appear within $2 s"
 }
 
+# last_trace_step TRACE: the number of fault_trainer's last `step` line in TRACE (empty when none).
+last_trace_step() { grep -h '^step ' "$1" 2>/dev/null | tail -1 | cut -d' ' -f2; }
+# wait_trace_step TRACE STEP SECONDS PID: until TRACE reaches STEP; fails when PID (the job that
+# writes it) ends first, or when the time runs out.
+wait_trace_step() {
+  local i last
+  for ((i = 0; i < $3 * 10; ++i)); do
+    last=$(last_trace_step "$1")
+    (( ${last:-0} >= $2 )) && return 0
+    kill -0 "$4" 2>/dev/null || fail "the job ended before $(basename "$1") reached step $2"
+    sleep 0.1
+  done
+  fail "$(basename "$1") did not reach step $2 within $3 s"
+}
+
 # The launcher of a worker: its parent process.
 parent_of() { awk '{ print $4 }' "/proc/$1/stat"; }
 

@@ -23,12 +23,7 @@ job1=$JOB
 sleep 1
 start_job "$work/agent2.log" 300 "${agent[@]}" "$trainer" "${train[@]}"
 job2=$JOB
-for ((i = 0; i < 1200; ++i)); do
-  [[ "$(grep -h '^step ' "$out/trace.a0.r0" 2>/dev/null | tail -1 | cut -d' ' -f2)" -ge 5 ]] 2>/dev/null && break
-  kill -0 "$job1" 2>/dev/null || fail "the first agent ended before step 5"
-  sleep 0.1
-done
-(( i < 1200 )) || fail "round 0 did not reach step 5 within 120 s"
+wait_trace_step "$out/trace.a0.r0" 5 120 "$job1"
 # The agent of ranks 2 and 3 (the workers' parent), with everything below it.
 victim=$(parent_of "$(cat "$out/pid.a0.r2")")
 [[ "$victim" == "$(parent_of "$(cat "$out/pid.a0.r3")")" ]] || fail "ranks 2 and 3 have different parents"

@@ -98,7 +98,7 @@ TEST(ElasticRounds, FewerThanMinFailAtTheJoinTimeout) {
 TEST(ElasticRounds, ALostNodeRestartsTheOthersWhoGoOnWithoutIt) {
   Rounds x(1, 2);
   const auto [a, b] = x.running_pair();
-  x.r.disconnect(b, x.t);
+  x.r.disconnect(b);
   const auto told = x.poll(a);
   ASSERT_EQ(told.kind, Kind::Restart);
   EXPECT_EQ(told.why, "a node of round 0 was lost");
@@ -231,7 +231,7 @@ TEST(ElasticRounds, TheLastRoundsNodesComeBeforeNewcomersEvenAtMax) {
 TEST(ElasticRounds, AFinishedNodeDoesNotHoldTheNextRoundUp) {
   Rounds x(1, 2);
   const auto [a, b] = x.running_pair();
-  x.r.disconnect(b, x.t);  // lost
+  x.r.disconnect(b);  // lost
   x.r.done(a);
   EXPECT_TRUE(x.r.finished());
   EXPECT_EQ(x.r.connected(), 1);
