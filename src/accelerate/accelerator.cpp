@@ -324,11 +324,11 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
     if (f) flat.push_back(f.get());
   }
   if (!flat.empty()) {
-    // Stage 2 and FSDP: the gradients are the shards (the parameters hold none); the norm is over all of them.
+    // Stage 2 and FSDP: the gradients are the shards (the parameters hold none); the norm is over
+    // the given parameters' pieces of them.
     TANDEM_CHECK(flat.size() == 1, "clip_grad_norm: under zero_stage 2 or FSDP with several optimizers the gradients "
                                    "of each are sharded apart; clip with one prepared optimizer");
-    (void)parameters;
-    return flat.front()->clip_grad_norm(max_norm, norm_type);
+    return flat.front()->clip_grad_norm(parameters, max_norm, norm_type);
   }
   std::vector<const zero::ShardedOptimizer*> sharded;
   for (const auto& s : sharded_) {

@@ -12,6 +12,7 @@
 #include "common/ready_hook.h"
 #include "common/storage_alias.h"
 #include "common/scope_exit.h"
+#include "ddp/failed_backward.h"
 #include "tandem/comm/shard_layout.h"
 #include "tandem/error.h"
 
@@ -423,34 +424,10 @@ std::string Reducer::wait_launched(size_t count) {
 
 // Note [Failed backward]: every rank posts how many buckets it launched; the largest count wins.
 size_t Reducer::agree_on_launched(size_t launched) {
-  auto store = pg_->store();
   const std::string prefix = "tandem/ddp/" + std::to_string(instance_) + "/failed/" + std::to_string(failed_iterations_) + "/";
-  const std::string mine = std::to_string(launched);
-  store->set(prefix + std::to_string(pg_->rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
-  std::vector<std::string> keys;
-  for (int r = 0; r < pg_->size(); ++r) keys.push_back(prefix + std::to_string(r));
-  const auto timeout = pg_->options().timeout();
-  try {
-    store->wait(keys, timeout);
-  } catch (const std::exception&) {
-    std::string absent;
-    for (int r = 0; r < pg_->size(); ++r) {
-      if (r == pg_->rank()) continue;  // our own key is there
-      bool there = false;
-      try {
-        there = store->check({keys[static_cast<size_t>(r)]});
-      } catch (const std::exception&) {
-      }
-      if (!there) absent += (absent.empty() ? "" : ", ") + std::to_string(r);
-    }
-    throw Error(message("DDP: backward failed on rank ", pg_->rank(), ", but rank(s) ", absent,
-                        " did not report a failed backward within ", timeout.count() / 1000,
-                        " s: an exception in backward can be recovered from only when it happens on every rank"));
-  }
   size_t target = launched;
-  for (const auto& key : keys) {
-    auto value = store->get(key);
-    target = std::max<size_t>(target, std::stoul(std::string(value.begin(), value.end())));
+  for (const auto& post : detail::exchange_after_failed_backward(*pg_, prefix, std::to_string(launched), "DDP")) {
+    target = std::max<size_t>(target, std::stoul(post));
   }
   return target;
 }

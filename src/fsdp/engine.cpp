@@ -19,6 +19,9 @@
 // - end of backward (one callback queued by the first hook): units some of whose parameters got
 //   no gradient are reduce-scattered now (zeros for those), every reduce-scatter is waited for and
 //   added into the shards' gradients, every unit is freed.
+// - a backward that raises (Note [Failed backward] in include/tandem/ddp/reducer.h): its end never
+//   comes; the next forward finds it started, and the ranks agree on the collectives it launched
+//   (Engine::State::catch_up) before its gathers and reduce-scatters are waited for and dropped.
 // - no_sync (the forward decides, as in DDP): nothing is reduced; the whole gradients stay on the
 //   parameters and accumulate, and the next synced backward reduce-scatters their sum: memory of
 //   one whole gradient, as DDP's accumulation costs.
@@ -26,6 +29,7 @@
 #include "tandem/fsdp/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -39,6 +43,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "common/host_buffer_pool.h"
+#include "ddp/failed_backward.h"
 #include "common/ready_hook.h"
 #include "fsdp/unit_shard.h"
 #include "tandem/error.h"
@@ -64,6 +69,8 @@ class BeforeBackward : public torch::autograd::FunctionPreHook {
 };
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+std::atomic<int64_t> g_engines{0};
 
 }  // namespace
 
@@ -93,7 +100,66 @@ struct Engine::State {
   }
   bool backward_started = false;
   bool backward_pending = false;       // a forward's outputs wait for their backward
+
+  // Note [Failed backward]: the collectives this backward launched, in order ("g3": unit 3's
+  // all-gather, "r3": its reduce-scatter), what the ranks compare when it raises.
+  std::vector<std::string> launched;
+  int64_t instance = 0;                // this engine's number in the process, the same on every rank
+  int failed_backwards = 0;
+  void start_gather(size_t u) {
+    UnitShard& unit = *units[u];
+    if (unit.gathered() || unit.gathering()) return;
+    unit.start_gather();
+    if (backward_started) launched.push_back("g" + std::to_string(u));
+  }
+  void start_reduce(size_t u) {
+    UnitShard& unit = *units[u];
+    if (unit.reducing()) return;
+    unit.start_reduce();
+    if (backward_started && unit.reducing()) launched.push_back("r" + std::to_string(u));
+  }
+  void catch_up(const std::vector<std::string>& mine);
 };
+
+// A backward that raised may have launched collectives on some ranks that others, raising earlier,
+// never launched. Every rank posts the ones it launched; each launches what it lacks of the
+// longest list, in its order, so that every collective started has its partners (the results go
+// unused), as DDP's reducer launches the buckets it lacks. Ranks that raised at the same point lack
+// nothing. Lists that are not one another's beginnings (the ranks ran different graphs) cannot be
+// matched: every rank throws.
+void Engine::State::catch_up(const std::vector<std::string>& mine) {
+  std::string post = std::to_string(mine.size());
+  for (const auto& c : mine) post += " " + c;
+  const std::string prefix = "tandem/fsdp/" + std::to_string(instance) + "/failed/" + std::to_string(failed_backwards++) + "/";
+  const auto posts = ddp::detail::exchange_after_failed_backward(*pg, prefix, post, "fsdp");
+  std::vector<std::vector<std::string>> lists;
+  size_t longest = 0;
+  for (const auto& p : posts) {
+    std::istringstream in(p);
+    size_t count = 0;
+    in >> count;
+    lists.emplace_back(count);
+    for (auto& c : lists.back()) in >> c;
+    if (lists.back().size() > lists[longest].size()) longest = lists.size() - 1;
+  }
+  for (size_t r = 0; r < lists.size(); ++r) {
+    TANDEM_CHECK(std::equal(lists[r].begin(), lists[r].end(), lists[longest].begin()),
+                 "fsdp: backward failed on every rank, but after other collectives on rank ", r, " than on rank ",
+                 longest, " ('", posts[r], "' against '", posts[longest],
+                 "'): the ranks ran different graphs, and their collectives are out of step");
+  }
+  for (size_t k = mine.size(); k < lists[longest].size(); ++k) {
+    const std::string& c = lists[longest][k];
+    UnitShard& unit = *units.at(std::stoul(c.substr(1)));
+    if (c[0] == 'g') {
+      unit.reshard();  // what it held came from collectives every rank launched
+      unit.start_gather();
+    } else {
+      unit.discard_reduce();
+      unit.start_reduce();  // whatever gradients are here: nobody uses the result
+    }
+  }
+}
 
 Engine::Engine() : s_(std::make_unique<State>()) {}
 
@@ -111,6 +177,7 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
   }
   std::shared_ptr<Engine> engine(new Engine());
   State& s = *engine->s_;
+  s.instance = g_engines++;
   s.pg = std::move(pg);
   s.options = options;
   s.root = &root;
@@ -280,6 +347,8 @@ void Engine::abandon_backward() {
   const bool started = s.backward_started;
   s.backward_started = s.backward_pending = false;
   std::fill(s.keep.begin(), s.keep.end(), false);
+  const std::vector<std::string> launched = std::exchange(s.launched, {});
+  if (started && s.pg->size() > 1) s.catch_up(launched);  // before anything it launched is waited for
   std::exception_ptr failure;
   for (auto& unit : s.units) {
     try {
@@ -385,6 +454,7 @@ void Engine::pre_backward(size_t unit) {
   std::lock_guard<std::mutex> lock(s.mutex);
   if (!s.backward_started) {
     s.backward_started = true;
+    s.launched.clear();
     std::fill(s.ready.begin(), s.ready.end(), 0);
     std::weak_ptr<Engine> weak = weak_from_this();
     torch::autograd::Engine::get_default_engine().queue_callback([weak] {
@@ -392,17 +462,20 @@ void Engine::pre_backward(size_t unit) {
     });
   }
   const bool root = unit >= s.units.size();
-  if (!root) s.units[unit]->finish_gather();
+  if (!root) {
+    s.start_gather(unit);
+    s.units[unit]->finish_gather();
+  }
   s.note_peak();
   if (!s.options.prefetch()) return;
   if (root) {  // backward starts with the last unit of the forward
-    if (!s.order.empty()) s.units[s.order.back()]->start_gather();
+    if (!s.order.empty()) s.start_gather(s.order.back());
     return;
   }
   // The unit before this one in forward order runs next in backward.
   for (size_t k = s.order.size(); k-- > 0;) {
     if (s.order[k] != unit) continue;
-    if (k > 0) s.units[s.order[k - 1]]->start_gather();
+    if (k > 0) s.start_gather(s.order[k - 1]);
     break;
   }
 }
@@ -414,7 +487,7 @@ void Engine::on_gradient(size_t unit) {
   if (++s.ready[unit] != s.expected[unit]) return;
   s.note_peak();
   if (s.synced_forward) {
-    s.units[unit]->start_reduce();
+    s.start_reduce(unit);
   } else {
     s.units[unit]->upcast_full_gradients();  // accumulated in the reduce dtype
   }
@@ -507,9 +580,20 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gather_parameters() {
 }
 
 double Engine::clip_grad_norm(double max_norm, double norm_type) {
-  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> all;
   for (const auto& unit : s_->units) {
-    for (const auto& slot : unit->slots()) grads.push_back(slot.shard.grad());
+    for (const auto& slot : unit->slots()) all.push_back(slot.param);
+  }
+  return clip_grad_norm(all, max_norm, norm_type);
+}
+
+double Engine::clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : parameters) {
+    const at::Tensor shard = shard_of(p);
+    TANDEM_CHECK(shard.defined(), "fsdp: clip_grad_norm was given a tensor of shape ", p.sizes(),
+                 " that is no parameter of the sharded model");
+    grads.push_back(shard.grad());
   }
   return zero::clip_sharded_grad_norm(grads, *s_->pg, max_norm, norm_type);
 }

@@ -14,16 +14,8 @@ FsdpOptimizer::FsdpOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr
                "fsdp: this optimizer type is not one FSDP can step in row shards (a step that is exact element by "
                "element): use SGD, Adam, AdamW, RMSprop or Adagrad");
   for (const auto& group : optimizer.param_groups()) all_.push_back(group.params());
-  shard_optimizer(optimizer, *engine_);
-  optimizer.state().clear();  // Adagrad's initial state was the whole parameters'
-  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
-    shards_.push_back(optimizer.param_groups()[g].params());
-    for (const auto& shard : shards_.back()) {
-      if (auto initial = zero::initial_state(kind_, optimizer.param_groups()[g].options(), shard)) {
-        optimizer.state()[shard.unsafeGetTensorImpl()] = std::move(initial);
-      }
-    }
-  }
+  shard_optimizer(optimizer, *engine_);  // (Adagrad's initial state made again for the shards)
+  for (const auto& group : optimizer.param_groups()) shards_.push_back(group.params());
 }
 
 bool FsdpOptimizer::step(const std::function<bool(torch::optim::Optimizer&)>& stepper) {
@@ -44,8 +36,8 @@ void FsdpOptimizer::step() {
 
 void FsdpOptimizer::zero_grad() { optimizer_.zero_grad(); }
 
-double FsdpOptimizer::clip_grad_norm(double max_norm, double norm_type) {
-  return engine_->clip_grad_norm(max_norm, norm_type);
+double FsdpOptimizer::clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
+  return engine_->clip_grad_norm(parameters, max_norm, norm_type);
 }
 
 std::vector<std::pair<at::Tensor, zero::PartitionedOptimizer::NamedState>> FsdpOptimizer::gather_state() {

@@ -52,13 +52,19 @@ std::vector<std::string> encode_answer(const PollAnswer& answer) {
   return {"WAIT"};
 }
 
+std::optional<int> decode_count(const std::string& field) {
+  char* end = nullptr;
+  const long v = std::strtol(field.c_str(), &end, 10);
+  if (field.empty() || *end || v < 0 || v > 1 << 30) return std::nullopt;
+  return static_cast<int>(v);
+}
+
 namespace {
 
 int to_int(const std::string& s) {
-  char* end = nullptr;
-  const long v = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || *end || v < 0 || v > 1 << 30) throw Error("elastic rendezvous: '" + s + "' is not a count");
-  return static_cast<int>(v);
+  const std::optional<int> v = decode_count(s);
+  if (!v) throw Error("elastic rendezvous: '" + s + "' is not a count");
+  return *v;
 }
 
 }  // namespace

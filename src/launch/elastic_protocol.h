@@ -11,6 +11,7 @@
 //                                                  <rank offset> <master addr> <master port>
 //                                                  | RESTART <why> | FAILED <why> | FINISHED
 //   DONE                                        -> OK
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ std::string encode_fields(const std::vector<std::string>& fields);
 std::string field_safe(std::string text);
 /// A line (without its newline) split at tabs.
 std::vector<std::string> split_fields(const std::string& line);
+/// A number of a request or an answer (a count, a rank, a port): decimal, 0 to 2^30, nothing
+/// after it; nullopt for anything else ("2x", "", "-1"). Both ends read every number with it.
+std::optional<int> decode_count(const std::string& field);
 
 std::vector<std::string> encode_answer(const PollAnswer& answer);
 /// Throws tandem::Error when the fields are no answer.

@@ -7,6 +7,7 @@
 
 #include <csignal>
 #include <map>
+#include <optional>
 
 #include "launch/elastic_protocol.h"
 
@@ -81,10 +82,13 @@ std::string RendezvousServer::answer(Connection& c, const std::string& line, boo
   }
   rounds_.seen(c.node, now);
   if (op == "JOIN" && f.size() == 6) {
+    // Read as strictly as the client reads an answer: "2x" is no count.
+    const std::optional<int> nproc = decode_count(f[1]), port = decode_count(f[3]);
+    if (!nproc || !port) return "";
     NodeOffer offer;
-    offer.nproc = std::atoi(f[1].c_str());
+    offer.nproc = *nproc;
     offer.addr = f[2];
-    offer.port = std::atoi(f[3].c_str());
+    offer.port = *port;
     offer.hosts_server = f[4] == "1";
     if (offer.nproc < 1 || offer.port < 1 || offer.port > 65535 || offer.addr.empty()) return "";
     return encode_fields({"OK", rounds_.join(c.node, offer, f[5], now) ? "1" : "0"});

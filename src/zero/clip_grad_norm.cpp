@@ -16,37 +16,46 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vect
   // torch::nn::utils::clip_grad_norm_, step for step, except that each parameter's norm is taken
   // where it counts and the others contribute an exact zero: the sum over ranks is then each
   // norm itself, and the total, the coefficient and the clipped gradients are unsharded's bits.
-  std::vector<at::Tensor> clipped, norms;
+  // A parameter counts when it has a gradient where it counts. Every rank sends a slot per
+  // parameter, and whether it counts there, in one all-reduce, whatever gradients it holds: a
+  // rank with none enters the same collective as the others.
+  if (parameters.empty()) return 0.0;
+  const int64_t n = static_cast<int64_t>(parameters.size());
+  std::vector<at::Tensor> mine(parameters.size()), norms;  // mine: this rank's gradients to clip
+  at::Tensor counts_here = at::zeros({n});
   const bool infinity = norm_type == std::numeric_limits<double>::infinity();  // torch's special case (not -inf)
-  for (const auto& p : parameters) {
-    if (!p.grad().defined()) continue;
-    const at::Tensor g = p.grad().detach();
+  for (int64_t i = 0; i < n; ++i) {
+    const at::Tensor& p = parameters[static_cast<size_t>(i)];
+    const at::Tensor g = p.grad().defined() ? p.grad().detach() : at::Tensor();
     int owner = -1;
     for (const ShardedOptimizer* s : sharded) {
       if ((owner = s->owner_of(p)) >= 0) break;
     }
-    if (owner == pg.rank() || owner < 0) clipped.push_back(g);
-    const bool counted = owner == pg.rank() || (owner < 0 && pg.rank() == 0);
-    if (!counted) {
-      norms.push_back(at::zeros({}, g.options()));
-    } else {
-      norms.push_back(infinity ? g.abs().max() : g.norm(norm_type));
-    }
+    if (g.defined() && (owner == pg.rank() || owner < 0)) mine[static_cast<size_t>(i)] = g;
+    const bool counted = g.defined() && (owner == pg.rank() || (owner < 0 && pg.rank() == 0));
+    norms.push_back(!counted ? at::zeros({}, (g.defined() ? g : p).options()) : infinity ? g.abs().max() : g.norm(norm_type));
+    if (counted) counts_here[i] = 1;
   }
-  if (norms.empty()) return 0.0;
-  at::Tensor each = at::stack(norms);
-  pg.all_reduce(each, comm::ReduceOp::Sum);
+  at::Tensor stacked = at::stack(norms);
+  at::Tensor both = at::cat({stacked, counts_here.to(stacked.scalar_type())});
+  pg.all_reduce(both, comm::ReduceOp::Sum);
+  const at::Tensor present = both.narrow(0, n, n).gt(0);
+  const at::Tensor each = both.narrow(0, 0, n).index_select(0, present.nonzero().view({-1}));
+  const int64_t with_grad = each.numel();
+  if (with_grad == 0) return 0.0;  // torch: no gradient, nothing clipped
   at::Tensor total;
   if (norm_type == 0) {
-    total = at::full({}, static_cast<double>(norms.size()));
-  } else if (norms.size() == 1) {
+    total = at::full({}, static_cast<double>(with_grad));
+  } else if (with_grad == 1) {
     total = each[0];
   } else {
     total = infinity ? each.max() : each.norm(norm_type);
   }
   const at::Tensor coefficient = at::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
   at::NoGradGuard no_grad;
-  for (auto& g : clipped) g.mul_(coefficient);
+  for (int64_t i = 0; i < n; ++i) {
+    if (mine[static_cast<size_t>(i)].defined() && present[i].item<bool>()) mine[static_cast<size_t>(i)].mul_(coefficient);
+  }
   return total.item<double>();
 }
 

@@ -23,7 +23,7 @@ GradientShardedOptimizer::GradientShardedOptimizer(torch::optim::Optimizer& opti
                "ZeRO-2: this optimizer type is not one ZeRO-2 can step in flat slices (a step that is exact "
                "element by element): use SGD, Adam, AdamW, RMSprop or Adagrad, or zero_stage 1");
   params_ = reducer.parameters();
-  std::unordered_map<const void*, size_t> index_of;
+  std::unordered_map<const void*, size_t>& index_of = index_of_;
   for (size_t i = 0; i < params_.size(); ++i) index_of[params_[i].unsafeGetTensorImpl()] = i;
   std::vector<size_t> group_of(params_.size(), std::numeric_limits<size_t>::max());
   for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
@@ -144,10 +144,25 @@ void GradientShardedOptimizer::zero_grad() {
   for (auto& p : params_) p.mutable_grad().reset();
 }
 
-double GradientShardedOptimizer::clip_grad_norm(double max_norm, double norm_type) {
-  std::vector<at::Tensor> shards;
-  for (size_t b = 0; b < buckets_.size(); ++b) shards.push_back(reducer_.gradient_shard(b));
-  return clip_sharded_grad_norm(shards, *pg_, max_norm, norm_type);
+double GradientShardedOptimizer::clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm,
+                                                double norm_type) {
+  // Each parameter's pieces of this rank's slices, views of the reducer's gradient shards, once
+  // per time it is given (torch counts, and clips, a parameter given twice twice).
+  std::vector<at::Tensor> pieces;
+  for (const auto& p : parameters) {
+    auto it = index_of_.find(p.unsafeGetTensorImpl());
+    if (it == index_of_.end()) {
+      TANDEM_CHECK(!p.requires_grad(), "clip_grad_norm: a parameter of shape ", p.sizes(),
+                   " is none of the ZeRO-2 model's, whose gradients are sharded: clip it apart");
+      continue;  // frozen: no gradient, as torch skips it
+    }
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      for (const auto& piece : buckets_[b].mine) {
+        if (piece.param == it->second) pieces.push_back(reducer_.gradient_shard(b).narrow(0, piece.shard_offset, piece.length));
+      }
+    }
+  }
+  return clip_sharded_grad_norm(pieces, *pg_, max_norm, norm_type);
 }
 
 int64_t GradientShardedOptimizer::shard_numel() const {

@@ -152,4 +152,8 @@ std::unique_ptr<OptimizerParamState> initial_state(OptimizerKind kind, const tor
   return s;
 }
 
+bool is_initial_state(OptimizerKind kind, const OptimizerParamState& state) {
+  return kind == OptimizerKind::Adagrad && static_cast<const torch::optim::AdagradParamState&>(state).step() == 0;
+}
+
 }  // namespace tandem::zero

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
@@ -49,6 +51,9 @@ struct Loop {
   std::string save_to;          // save_state after `save_after` batches, into this folder
   int save_after = -1;
   std::string resume_from;      // load_state first
+  bool adagrad = false;         // Adagrad (state from its construction) instead of AdamW
+  bool clip_first_layer = false;  // clip_grad_norm over the first Linear's parameters only
+  double max_norm = 0.5;
 };
 
 Outcome train(const Loop& l) {
@@ -64,8 +69,16 @@ Outcome train(const Loop& l) {
                                          .scaler(amp::GradScalerOptions().init_scale(256)));
   torch::manual_seed(3);
   auto net = zero_net();
+  const std::vector<at::Tensor> clipped = l.clip_first_layer ? net[0]->parameters() : net->parameters();
   auto model = acc.prepare_model(net);
-  torch::optim::AdamW opt(test::two_group_adamw(*net), torch::optim::AdamWOptions(1e-2));
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (l.adagrad) {
+    optimizer = std::make_unique<torch::optim::Adagrad>(net->parameters(),
+                                                        torch::optim::AdagradOptions(5e-2).initial_accumulator_value(0.1));
+  } else {
+    optimizer = std::make_unique<torch::optim::AdamW>(test::two_group_adamw(*net), torch::optim::AdamWOptions(1e-2));
+  }
+  torch::optim::Optimizer& opt = *optimizer;
   acc.prepare_optimizer(opt);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
   const int64_t n = 36 * test::pg().size();
@@ -83,7 +96,7 @@ Outcome train(const Loop& l) {
       at::Tensor loss = (model->forward(batch.data).to(at::kFloat) - batch.target).pow(2).mean();
       if (b == l.inf_at && test::pg().rank() == test::pg().size() - 1) loss = loss * std::numeric_limits<float>::infinity();
       acc.backward(loss);
-      if (acc.sync_gradients()) run.norms.push_back(acc.clip_grad_norm(net->parameters(), 0.5));
+      if (acc.sync_gradients()) run.norms.push_back(acc.clip_grad_norm(clipped, l.max_norm));
       acc.step(opt);
       if (acc.sync_gradients()) run.skipped.push_back(acc.optimizer_step_was_skipped());
       acc.zero_grad(opt);
@@ -187,6 +200,19 @@ TEST(AcceleratorZero, Stage2EqualsStage0WithClippingAndTwoParamGroups) {
   EXPECT_GT(a.norms.front(), 0.5) << "the clip must act for the test to mean something";
 }
 
+// The parameters given are the ones clipped, as torch clips them unsharded: here the first
+// layer's, whose norm alone is clipped (the other layers' gradients stay as they are).
+TEST(AcceleratorZero, Stage2ClipsOnlyTheGivenParameters) {
+  Loop whole, sharded;
+  whole.clip_first_layer = sharded.clip_first_layer = true;
+  whole.max_norm = sharded.max_norm = 0.2;
+  sharded.zero_stage = 2;
+  const Outcome a = train(whole), b = train(sharded);
+  EXPECT_LE(test::max_relative_difference(b.params, a.params), kStage2Tolerance);
+  expect_close_norms(b.norms, a.norms);
+  EXPECT_GT(a.norms.front(), 0.2) << "the clip must act for the test to mean something";
+}
+
 TEST(AcceleratorZero, Stage2WithGradientAccumulation) {
   Loop whole, sharded;
   whole.accumulation = sharded.accumulation = 3;
@@ -220,6 +246,28 @@ TEST(AcceleratorFsdp, EqualsStage0WithClippingAndTwoParamGroups) {
   EXPECT_LE(test::max_relative_difference(b.params, a.params), kStage2Tolerance);
   expect_close_norms(b.norms, a.norms);
   EXPECT_GT(a.norms.front(), 0.5) << "the clip must act for the test to mean something";
+}
+
+TEST(AcceleratorFsdp, ClipsOnlyTheGivenParameters) {
+  Loop whole, sharded;
+  whole.clip_first_layer = sharded.clip_first_layer = true;
+  whole.max_norm = sharded.max_norm = 0.2;
+  sharded.fsdp = true;
+  const Outcome a = train(whole), b = train(sharded);
+  EXPECT_LE(test::max_relative_difference(b.params, a.params), kStage2Tolerance);
+  expect_close_norms(b.norms, a.norms);
+  EXPECT_GT(a.norms.front(), 0.2) << "the clip must act for the test to mean something";
+}
+
+// Adagrad fills its state when it is made (step 0, sum = initial_accumulator_value): FSDP makes
+// it again for the shards and steps as the unsharded Adagrad does.
+TEST(AcceleratorFsdp, AdagradEqualsStage0) {
+  Loop whole, sharded;
+  whole.adagrad = sharded.adagrad = true;
+  sharded.fsdp = true;
+  const Outcome a = train(whole), b = train(sharded);
+  EXPECT_LE(test::max_relative_difference(b.params, a.params), kStage2Tolerance);
+  expect_close_norms(b.norms, a.norms);
 }
 
 TEST(AcceleratorFsdp, WithGradientAccumulation) {

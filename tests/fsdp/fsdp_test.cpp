@@ -25,6 +25,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/autograd.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
 
@@ -158,6 +159,59 @@ Model twice() {
           [](const at::Tensor& out, const at::Tensor& y) { return (out - y).pow(2).mean(); }};
 }
 
+// ---- A backward that raises (Note [Failed backward] in src/fsdp/engine.cpp) -------------------
+
+// Where a rank's backward raises in the failing step: nowhere; at the output (before any gradient
+// or collective of the backward); in the last unit, after its backward began (the prefetch of
+// the unit before it launched, not waited for); or between the first two layers (after the later
+// units' reduce-scatters and gathers).
+enum class RaiseAt : int64_t { Nowhere, Output, LastUnit, MidModel };
+RaiseAt g_raise_at = RaiseAt::Nowhere;
+int g_backward_failures = 0;
+
+// Identity forward; its backward raises when g_raise_at is its place.
+struct RaiseInBackward : torch::autograd::Function<RaiseInBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t where) {
+    ctx->saved_data["where"] = where;
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (static_cast<int64_t>(g_raise_at) == ctx->saved_data["where"].toInt()) {
+      throw std::runtime_error("injected failure in backward");
+    }
+    return {grads[0], at::Tensor()};
+  }
+};
+
+struct RaisesImpl : nn::Module {
+  explicit RaisesImpl(RaiseAt where) : where(where) {}
+  at::Tensor forward(const at::Tensor& x) { return RaiseInBackward::apply(x, static_cast<int64_t>(where)); }
+  RaiseAt where;
+};
+TORCH_MODULE(Raises);
+
+// The last unit: a Linear whose output raises in backward at RaiseAt::LastUnit.
+struct RaisingHeadImpl : nn::Module {
+  RaisingHeadImpl() : linear(register_module("linear", nn::Linear(7, 3))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    return RaiseInBackward::apply(linear(x), static_cast<int64_t>(RaiseAt::LastUnit));
+  }
+  nn::Linear linear;
+};
+TORCH_MODULE(RaisingHead);
+
+Model raising_mlp() {
+  Model m = mlp();
+  m.name = "MLP 13-11-7-3 that may raise in backward";
+  m.make = [] {
+    torch::manual_seed(7);
+    return nn::Sequential(nn::Linear(13, 11), nn::Tanh(), Raises(RaiseAt::MidModel), nn::Linear(11, 7), nn::Tanh(),
+                          RaisingHead(), Raises(RaiseAt::Output));
+  };
+  return m;
+}
+
 Model transformer() {
   return {"transformer, tied embedding",
           [] {
@@ -204,6 +258,10 @@ struct Schedule {
   bool prefetch = true;
   int accumulation = 1;
   at::ScalarType dtype = at::kFloat;
+  // This step's backward raises (rank 0 at `raise_first`, the others at `raise_others`) and no
+  // optimizer step follows; the reference skips the step.
+  int failing_step = -1;
+  RaiseAt raise_first = RaiseAt::Nowhere, raise_others = RaiseAt::Nowhere;
 };
 
 std::vector<std::pair<std::string, at::Tensor>> named_of(nn::Module& module) {
@@ -242,6 +300,7 @@ std::vector<std::pair<std::string, at::Tensor>> reference(const Model& m, const 
   const int64_t W = pg().size();
   const auto inverse = one_over_world();
   for (int step = 0; step < kSteps; ++step) {
+    if (step == run.failing_step) continue;
     std::vector<at::Tensor> sum(whole.size());
     for (int64_t r = 0; r < W; ++r) {
       for (auto& p : whole) p.mutable_grad() = at::Tensor();
@@ -286,7 +345,15 @@ std::vector<std::pair<std::string, at::Tensor>> train_fsdp(const Model& m, const
     for (int micro = 0; micro < run.accumulation; ++micro) {
       auto [x, y] = m.batch(step, rank, micro);
       auto backward = [&] {
-        (m.loss(model->forward(input_as(x, run.dtype)), input_as(y, run.dtype)) / run.accumulation).backward();
+        at::Tensor loss = m.loss(model->forward(input_as(x, run.dtype)), input_as(y, run.dtype)) / run.accumulation;
+        if (step == run.failing_step) g_raise_at = rank == 0 ? run.raise_first : run.raise_others;
+        try {
+          loss.backward();
+        } catch (const std::exception& e) {
+          EXPECT_THAT(tandem::one_line(e), testing::HasSubstr("injected failure in backward"));  // the user's own error
+          ++g_backward_failures;
+        }
+        g_raise_at = RaiseAt::Nowhere;
       };
       if (micro + 1 < run.accumulation) {
         auto guard = model->no_sync();
@@ -295,7 +362,7 @@ std::vector<std::pair<std::string, at::Tensor>> train_fsdp(const Model& m, const
         backward();
       }
     }
-    optimizer->step();
+    if (step != run.failing_step) optimizer->step();
     optimizer->zero_grad();
   }
   return model->gather_parameters();
@@ -331,7 +398,8 @@ void expect_equals_reference(const Model& m, const std::string& opt_name, const 
   const std::string what = m.name + ", " + opt_name + ", " + c10::toString(run.dtype) +
                            (run.reshard_after_forward ? ", reshard" : ", no reshard") +
                            (run.prefetch ? "" : ", no prefetch") + (run.freeze_first ? ", first layer frozen" : "") +
-                           ", accumulation " + std::to_string(run.accumulation);
+                           ", accumulation " + std::to_string(run.accumulation) +
+                           (run.failing_step >= 0 ? ", backward raising at step " + std::to_string(run.failing_step) : "");
   if (pg().rank() == 0) std::printf("%s, %d ranks: max relative difference %.3g\n", what.c_str(), pg().size(), diff);
   EXPECT_LE(diff, kTolerance) << what << " on " << pg().size() << " ranks";
   // Every rank gathers the same parameters.
@@ -370,6 +438,38 @@ TEST(Fsdp, MlpEqualsDataParallel) {
 }
 
 TEST(Fsdp, CnnWithBatchNormEqualsDataParallel) { check_model(cnn()); }
+
+// Adagrad fills its state at construction (step 0, sum = initial_accumulator_value): sharding
+// makes it again for the shards, and FSDP steps as the unsharded Adagrad does.
+TEST(Fsdp, AdagradEqualsDataParallel) {
+  using namespace torch::optim;
+  const auto adagrad = tandem::test::zero::two_groups<Adagrad>(AdagradOptions(5e-2).initial_accumulator_value(0.1),
+                                                               AdagradOptions(1e-1).initial_accumulator_value(0.1));
+  expect_equals_reference(mlp(), "Adagrad", adagrad, Schedule());
+  expect_equals_reference(transformer(), "Adagrad", adagrad, Schedule());
+}
+
+// Note [Failed backward]: every rank's backward raises, mid-model after some collectives; or rank
+// 0's at the output, before any, and the others' in the last unit, after its prefetch of the unit
+// before it launched. The ranks agree on the collectives launched, those that launched fewer
+// launch the rest, and training goes on as if that step had not been taken.
+TEST(Fsdp, ABackwardRaisingOnEveryRankIsAgreedAndTrainingGoesOn) {
+  struct Case {
+    RaiseAt first, others;
+    bool prefetch;
+  };
+  for (const Case& c : {Case{RaiseAt::MidModel, RaiseAt::MidModel, true}, Case{RaiseAt::MidModel, RaiseAt::MidModel, false},
+                        Case{RaiseAt::Output, RaiseAt::LastUnit, true}}) {
+    g_backward_failures = 0;
+    Schedule run;
+    run.prefetch = c.prefetch;
+    run.failing_step = 3;
+    run.raise_first = c.first;
+    run.raise_others = c.others;
+    expect_equals_reference(raising_mlp(), "Adam", optimizers()[0].second, run);
+    EXPECT_EQ(g_backward_failures, 1);
+  }
+}
 
 TEST(Fsdp, AUnitCalledTwiceEqualsDataParallel) { check_model(twice()); }
 
@@ -870,4 +970,27 @@ TEST(Fsdp, RefusesAnOptimizerOverOtherTensors) {
                "fsdp: the optimizer holds a tensor of shape [2, 2] that is no parameter of the sharded model");
 }
 
-int main(int argc, char** argv) { return tandem::test::distributed_test_main(argc, argv); }
+// Failure scenarios, run under `tandem run` by tests/expect_failure.sh: the error must reach the
+// launcher as a non-zero exit and a clear line, never a hang.
+int main(int argc, char** argv) {
+  tandem::test::Scenarios scenarios;
+  // Rank 1's backward raises alone; every rank's loop catches errors of backward and goes on.
+  scenarios["raise-alone-on-rank-1"] = [] {
+    const Model m = raising_mlp();
+    auto net = m.make();
+    m.wrap(net);
+    fsdp::FullyShardedDataParallel model(net, shared_pg());
+    for (int step = 0; step < 6; ++step) {
+      auto [x, y] = m.batch(step, pg().rank(), 0);
+      at::Tensor loss = m.loss(model->forward(x), y);
+      g_raise_at = step == 2 && pg().rank() == 1 ? RaiseAt::MidModel : RaiseAt::Nowhere;
+      try {
+        loss.backward();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: step %d: backward failed: %s\n", pg().rank(), step, tandem::one_line(e).c_str());
+      }
+    }
+    return 0;
+  };
+  return tandem::test::distributed_test_main(argc, argv, scenarios);
+}

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 #include <memory>
 
 #include <torch/nn/modules/container/sequential.h>
@@ -17,12 +18,14 @@
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include "support/distributed_main.h"
 #include "zero/zero_test_models.h"
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/error.h"
+#include "tandem/zero/clip_grad_norm.h"
 #include "tandem/zero/sharded_optimizer.h"
 #include "tandem/zero/state_bytes.h"
 
@@ -179,6 +182,29 @@ TEST(ShardedOptimizer, EveryRankFailsTogetherAndNoGradientIsLeftStale) {
   }
   sgd.zero_grad();  // the caller's own: reaches the owned parameters only, and that is enough
   for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+// A rank where no parameter has a gradient (here every rank but 0: the one gradient is of rank 0's
+// parameter, and the others keep no copy of it) enters the norm's all-reduce all the same: every
+// rank returns torch's norm over the gradients where they count, and rank 0's is clipped as torch
+// clips it.
+TEST(ShardedOptimizer, ClipGradNormWithNoGradientOnSomeRanksEqualsTorch) {
+  at::Tensor big = torch::ones({10}, torch::requires_grad()), small = torch::ones({2}, torch::requires_grad());
+  torch::optim::SGD sgd(std::vector<at::Tensor>{big, small}, torch::optim::SGDOptions(0.1));
+  ShardedOptimizer sharded(sgd, shared_pg());  // big to rank 0
+  ASSERT_EQ(sharded.owner(0, 0), 0);
+  for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
+    const at::Tensor g = torch::arange(10, at::kFloat) / 3;
+    at::Tensor whole = torch::ones({10}, torch::requires_grad()), other = torch::ones({2}, torch::requires_grad());
+    whole.mutable_grad() = g.clone();
+    const double expected = torch::nn::utils::clip_grad_norm_({whole, other}, 1.0, norm_type);
+    big.mutable_grad() = pg().rank() == 0 ? g.clone() : at::Tensor();
+    small.mutable_grad() = at::Tensor();
+    EXPECT_EQ(tandem::zero::clip_grad_norm({big, small}, {&sharded}, pg(), 1.0, norm_type), expected) << norm_type;
+    if (pg().rank() == 0) {
+      EXPECT_TRUE(at::equal(big.grad(), whole.grad())) << norm_type;
+    }
+  }
 }
 
 // A float16 gradient that only its owner sees: its GradScaler refuses it, and every rank fails.

@@ -95,6 +95,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void load_shards(const std::vector<std::pair<std::string, at::Tensor>>& rows);
   /// torch.nn.utils.clip_grad_norm_ over the shards' gradients of every rank. Collective.
   double clip_grad_norm(double max_norm, double norm_type);
+  /// The same over `parameters` (the root's, whole) only: their shards' gradients, once per time
+  /// each is given, as torch counts them. Throws tandem::Error for a tensor that is no parameter
+  /// of the root. Collective: every rank gives the same parameters.
+  double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type);
   MemoryBytes memory() const;
   void reset_peak();
   CommWaits comm_waits() const;
@@ -111,6 +115,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void end_of_backward();
   /// A forward whose backward never ran or never ended: in-flight reduce-scatters are waited for
   /// and dropped, as are the parameters' whole gradients of a started backward; every unit freed.
+  /// A started backward raised: first the ranks agree on the collectives it launched (Note [Failed
+  /// backward]); throws tandem::Error on a rank whose partners did not fail too, or ran another graph.
   void abandon_backward();
 
  private:

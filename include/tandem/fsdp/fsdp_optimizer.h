@@ -22,7 +22,7 @@ class FsdpOptimizer : public zero::PartitionedOptimizer {
   bool step(const std::function<bool(torch::optim::Optimizer&)>& stepper) override;
   void step();
   void zero_grad() override;
-  double clip_grad_norm(double max_norm, double norm_type = 2.0) override;
+  double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0) override;
   const std::vector<std::vector<at::Tensor>>& all_params() const override { return all_; }
   std::vector<std::pair<at::Tensor, NamedState>> gather_state() override;
 

@@ -56,8 +56,9 @@ bool has_units(torch::nn::Module& root);
 }  // namespace detail
 
 /// Points an optimizer built on the model's parameters at their shards instead, in place (its
-/// param groups and hyper-parameters stay). Before its first step. Throws tandem::Error for a
-/// parameter the model does not shard.
+/// param groups and hyper-parameters stay). Before its first step; the state an optimizer makes
+/// when it is made (Adagrad's: step 0, sum = initial_accumulator_value) is made again for the
+/// shards. Throws tandem::Error for a parameter the model does not shard.
 void shard_optimizer(torch::optim::Optimizer& optimizer, const detail::Engine& engine);
 
 template <typename ModuleHolder>

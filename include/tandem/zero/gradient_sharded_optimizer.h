@@ -16,8 +16,8 @@
 // - step(): copy this rank's slices of the parameters into the shards, point the shards'
 //   gradients at the reducer's averaged slices, step (every rank agrees to step or skip), then
 //   all-gather every bucket's shards into the parameters.
-// - clip_grad_norm(): the norm over all shards of all ranks (one all-reduce), then the shards'
-//   gradients scaled as torch scales them.
+// - clip_grad_norm(parameters): the norm over those parameters' pieces of the shards of all ranks
+//   (one all-reduce), then those pieces' gradients scaled as torch scales them.
 //
 //   tandem::ddp::DistributedDataParallel model(net, pg);
 //   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -62,9 +63,10 @@ class GradientShardedOptimizer : public PartitionedOptimizer {
   /// Zeroes the shards' gradients (they stay the reducer's tensors, which the next synced backward
   /// overwrites) and drops any gradient the parameters hold (accumulated under no_sync).
   void zero_grad() override;
-  /// torch.nn.utils.clip_grad_norm_ over every rank's shards: returns the total norm (the same on
-  /// every rank) and scales the shards' gradients by min(1, max_norm / (norm + 1e-6)). Collective.
-  double clip_grad_norm(double max_norm, double norm_type = 2.0) override;
+  /// torch.nn.utils.clip_grad_norm_ over `parameters`, from every rank's pieces of them in the
+  /// shards: returns the total norm (the same on every rank) and scales those pieces' gradients
+  /// by min(1, max_norm / (norm + 1e-6)). Collective.
+  double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0) override;
 
   /// Every parameter of the groups as given at construction.
   const std::vector<std::vector<at::Tensor>>& all_params() const override { return all_; }
@@ -104,6 +106,7 @@ class GradientShardedOptimizer : public PartitionedOptimizer {
   std::shared_ptr<comm::ProcessGroup> pg_;
   OptimizerKind kind_;
   std::vector<at::Tensor> params_;                // the reducer's parameters
+  std::unordered_map<const void*, size_t> index_of_;  // a parameter's TensorImpl -> its index in params_
   std::vector<std::vector<at::Tensor>> all_;      // per group, as given
   std::vector<FlatBucket> buckets_;
   std::vector<std::vector<at::Tensor>> shards_;   // per group, what the optimizer holds

@@ -34,5 +34,8 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_state(OptimizerKind kind
 std::unique_ptr<torch::optim::OptimizerParamState> initial_state(OptimizerKind kind,
                                                                  const torch::optim::OptimizerOptions& group,
                                                                  const at::Tensor& like);
+/// Whether `state` is one an optimizer makes before its first step (Adagrad's, at step 0): what
+/// an optimizer that never stepped may hold.
+bool is_initial_state(OptimizerKind kind, const torch::optim::OptimizerParamState& state);
 
 }  // namespace tandem::zero

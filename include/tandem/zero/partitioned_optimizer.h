@@ -24,8 +24,12 @@ class PartitionedOptimizer {
   /// to step or skip (checked). Returns whether it stepped. Collective.
   virtual bool step(const std::function<bool(torch::optim::Optimizer&)>& stepper) = 0;
   virtual void zero_grad() = 0;
-  /// torch.nn.utils.clip_grad_norm_ over every rank's pieces; the same norm on every rank. Collective.
-  virtual double clip_grad_norm(double max_norm, double norm_type = 2.0) = 0;
+  /// torch.nn.utils.clip_grad_norm_ over `parameters` (the model's, whole, as given to it
+  /// unsharded): the norm of every rank's pieces of them, the same on every rank, and those
+  /// pieces clipped. Throws tandem::Error for a parameter that needs a gradient and that this
+  /// optimizer holds no piece of. Collective: every rank gives the same parameters.
+  virtual double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm,
+                                double norm_type = 2.0) = 0;
   /// The model's parameters per param group, whole, as the optimizer was given them.
   virtual const std::vector<std::vector<at::Tensor>>& all_params() const = 0;
   /// Checkpoints: every parameter's state, whole and shaped like it ((key, tensor) as
