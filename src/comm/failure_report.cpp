@@ -77,17 +77,20 @@ void ask(const std::shared_ptr<Gathered>& gathered, const c10::intrusive_ptr<c10
 
 }  // namespace
 
-std::string list_ranks(const std::vector<int>& ranks) {
+std::string list_ranks(const std::vector<int>& ranks, const std::vector<int>& global_ranks) {
   std::string text;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (i > 0) text += i + 1 == ranks.size() ? " and " : ", ";
     text += std::to_string(ranks[i]);
+    const auto r = static_cast<size_t>(ranks[i]);
+    if (r < global_ranks.size()) text += " (global " + std::to_string(global_ranks[r]) + ")";
   }
   return text;
 }
 
 std::string explain_failure(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const CollectiveCall& call,
-                            const std::string& store_owner, std::chrono::milliseconds window) {
+                            const std::string& store_owner, const std::vector<int>& global_ranks,
+                            std::chrono::milliseconds window) {
   try {
     auto gathered = std::make_shared<Gathered>();
     gathered->calls.resize(static_cast<size_t>(size));
@@ -103,13 +106,13 @@ std::string explain_failure(const c10::intrusive_ptr<c10d::Store>& store, int ra
       if (!theirs) {
         silent.push_back(r);
       } else if (!theirs->same_call(call)) {
-        text += "; rank " + std::to_string(r) + " was in collective #" + std::to_string(theirs->seq) + ", " +
+        text += "; rank " + list_ranks({r}, global_ranks) + " was in collective #" + std::to_string(theirs->seq) + ", " +
                 theirs->describe_with_shape();
       }
     }
     const bool store_trouble = !answered || !gathered->store_error.empty();
     if (!silent.empty()) {
-      const std::string ranks = std::string(silent.size() > 1 ? "ranks " : "rank ") + list_ranks(silent);
+      const std::string ranks = std::string(silent.size() > 1 ? "ranks " : "rank ") + list_ranks(silent, global_ranks);
       if (store_trouble) {
         text = "; " + ranks + " could not be asked" + text;
       } else {

@@ -25,11 +25,14 @@ constexpr std::chrono::milliseconds kFailureReportWindow{2000};
 
 /// Posts this rank's failed `call` and returns a sentence about the other ranks ("" when every
 /// rank was in the same call). `store_owner` names who hosts the store ("rank 0", "the
-/// launcher") for when it cannot be reached. Never throws; returns within `window` + 1 s.
+/// launcher") for when it cannot be reached. `global_ranks`: a subgroup's members' global ranks,
+/// named beside the group's ("rank 1 (global 3)"); empty for the world group. Never throws;
+/// returns within `window` + 1 s.
 std::string explain_failure(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const CollectiveCall& call,
-                            const std::string& store_owner, std::chrono::milliseconds window = kFailureReportWindow);
+                            const std::string& store_owner, const std::vector<int>& global_ranks = {},
+                            std::chrono::milliseconds window = kFailureReportWindow);
 
-/// "1", "1 and 3", "0, 2 and 3".
-std::string list_ranks(const std::vector<int>& ranks);
+/// "1", "1 and 3", "0, 2 and 3"; with `global_ranks` (a subgroup's): "1 (global 3) and 2 (global 5)".
+std::string list_ranks(const std::vector<int>& ranks, const std::vector<int>& global_ranks = {});
 
 }  // namespace tandem::comm::detail

@@ -41,6 +41,10 @@ c10::intrusive_ptr<c10d::Backend> make_mpi_backend(int, int, std::chrono::millis
   throw Error("this build of Tandem has no MPI backend: install Open MPI's development files "
               "(Debian: libopenmpi-dev; scripts/setup installs it) and rebuild, or use TANDEM_CPU_BACKEND=gloo");
 }
+
+c10::intrusive_ptr<c10d::Backend> split_mpi_backend(const c10::intrusive_ptr<c10d::Backend>&, int, int, int) {
+  throw Error("this build of Tandem has no MPI backend");
+}
 #else
 namespace {
 
@@ -133,8 +137,11 @@ constexpr std::chrono::milliseconds kStuckCheck{100};
 
 class MpiWork : public c10d::Work {
  public:
-  MpiWork(int rank, c10d::OpType type, std::string what, std::chrono::milliseconds default_timeout)
-      : c10d::Work(rank, type), what_(std::move(what)), default_timeout_(default_timeout) {}
+  /// `in_engine`: the call runs on the engine's thread (a collective), so a timeout leaves the
+  /// engine stuck in it; a p2p request only waits in the engine's poll list, and is not.
+  MpiWork(int rank, c10d::OpType type, std::string what, std::chrono::milliseconds default_timeout,
+          bool in_engine = true)
+      : c10d::Work(rank, type), what_(std::move(what)), default_timeout_(default_timeout), in_engine_(in_engine) {}
 
   void finish(std::exception_ptr error) {
     {
@@ -169,6 +176,7 @@ class MpiWork : public c10d::Work {
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
         const std::string why = "MPI " + what_ + " timed out after " + std::to_string(timeout.count()) + " ms";
+        if (!in_engine_) throw Error(why);
         engine.mark_stuck(why + " and never returned (MPI cannot cancel a collective: exit non-zero and mpirun ends the job)");
         throw Error(why);
       }
@@ -187,6 +195,7 @@ class MpiWork : public c10d::Work {
  private:
   const std::string what_;
   const std::chrono::milliseconds default_timeout_;
+  const bool in_engine_;
   mutable std::mutex mutex_;
   std::condition_variable done_signal_;
   bool done_ = false;
@@ -299,6 +308,37 @@ class MpiBackend : public c10d::Backend {
     return enqueue(c10d::OpType::BARRIER, "barrier", [comm = comm_] { check(MPI_Barrier(comm), "MPI_Barrier"); });
   }
 
+  // Point-to-point: the engine posts MPI_Isend / MPI_Irecv in issue order and then polls the
+  // request between its other tasks (MpiEngine::poll), so a pending receive never holds up the
+  // collectives queued after it, and a batch of sends and receives cannot deadlock.
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    return post_p2p(tensors, dst, tag, /*sending=*/true);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    return post_p2p(tensors, src, tag, /*sending=*/false);
+  }
+
+  /// MPI_Comm_split of this backend's communicator (collective over it): nullptr for color < 0.
+  c10::intrusive_ptr<c10d::Backend> split(int color, int rank, int size) {
+    MPI_Comm sub = MPI_COMM_NULL;
+    int sub_rank = -1, sub_size = 0;
+    MpiEngine::instance().run([&, comm = comm_] {
+      check(MPI_Comm_split(comm, color < 0 ? MPI_UNDEFINED : color, getRank(), &sub), "MPI_Comm_split");
+      if (sub == MPI_COMM_NULL) return;
+      MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(sub, &sub_rank);
+      MPI_Comm_size(sub, &sub_size);
+    });
+    if (color < 0) return {};
+    if (sub_rank != rank || sub_size != size) {
+      MpiEngine::instance().submit([sub]() mutable { MPI_Comm_free(&sub); });
+      throw Error("MPI_Comm_split placed this process at rank " + std::to_string(sub_rank) + " of " +
+                  std::to_string(sub_size) + ", the subgroup at rank " + std::to_string(rank) + " of " +
+                  std::to_string(size));
+    }
+    return c10::make_intrusive<MpiBackend>(rank, size, timeout_, sub);
+  }
+
  private:
   static at::Tensor flat_cpu_tensor(const at::Tensor& t, const char* op) {
     if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous()) {
@@ -312,6 +352,41 @@ class MpiBackend : public c10d::Backend {
       throw Error(std::string("the MPI backend's ") + op + " takes one contiguous CPU tensor");
     }
     return tensors[0];
+  }
+
+  c10::intrusive_ptr<c10d::Work> post_p2p(std::vector<at::Tensor>& tensors, int peer, int tag, bool sending) {
+    at::Tensor t = single_cpu_tensor(tensors, sending ? "send" : "recv");
+    if (t.nbytes() > static_cast<size_t>(INT_MAX)) {
+      throw Error("the MPI backend sends at most " + std::to_string(INT_MAX) + " bytes in one message");
+    }
+    const char* what = sending ? "send" : "recv";
+    auto work = c10::make_intrusive<MpiWork>(getRank(), sending ? c10d::OpType::SEND : c10d::OpType::RECV, what,
+                                             timeout_, /*in_engine=*/false);
+    MpiEngine::instance().submit([work, t, peer, tag, sending, comm = comm_] {
+      auto request = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
+      const int bytes = static_cast<int>(t.nbytes());
+      const int code = sending ? MPI_Isend(t.data_ptr(), bytes, MPI_BYTE, peer, tag, comm, request.get())
+                               : MPI_Irecv(t.data_ptr(), bytes, MPI_BYTE, peer, tag, comm, request.get());
+      if (code != MPI_SUCCESS) {
+        work->finish(std::make_exception_ptr(Error(std::string(sending ? "MPI_Isend" : "MPI_Irecv") +
+                                                   " failed: " + mpi_error_text(code))));
+        return;
+      }
+      // The tensor stays captured until the request completes: MPI owns its bytes until then.
+      MpiEngine::instance().poll([work, t, request, sending] {
+        int done = 0;
+        MPI_Status status;
+        const int code = MPI_Test(request.get(), &done, &status);
+        if (code != MPI_SUCCESS) {
+          work->finish(std::make_exception_ptr(Error(std::string(sending ? "MPI_Isend" : "MPI_Irecv") +
+                                                     " failed: " + mpi_error_text(code))));
+          return true;
+        }
+        if (done) work->finish(nullptr);
+        return done != 0;
+      });
+    });
+    return work;
   }
 
   template <typename Call>
@@ -342,6 +417,13 @@ std::string mpi_library_version() {
   MPI_Get_library_version(text, &length);  // allowed before MPI_Init
   std::string version(text, static_cast<size_t>(length));
   return version.substr(0, version.find_first_of("\r\n"));
+}
+
+c10::intrusive_ptr<c10d::Backend> split_mpi_backend(const c10::intrusive_ptr<c10d::Backend>& parent, int color,
+                                                    int rank, int size) {
+  auto* mpi = dynamic_cast<MpiBackend*>(parent.get());
+  if (!mpi) throw Error("split_mpi_backend: the parent group's CPU backend is not MPI");
+  return mpi->split(color, rank, size);
 }
 
 c10::intrusive_ptr<c10d::Backend> make_mpi_backend(int rank, int size, std::chrono::milliseconds timeout) {

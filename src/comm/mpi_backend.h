@@ -28,4 +28,10 @@ bool started_by_mpi_launcher(std::string* how = nullptr);
 /// returns the backend. Throws tandem::Error when the build has no MPI or the worlds differ.
 c10::intrusive_ptr<c10d::Backend> make_mpi_backend(int rank, int size, std::chrono::milliseconds timeout);
 
+/// A subgroup's backend: MPI_Comm_split of `parent`'s communicator, called by every rank of the
+/// parent (Note [Subgroups]); `rank` of `size` is the caller's place in its subgroup. nullptr for
+/// a color < 0 (MPI_UNDEFINED: in no subgroup).
+c10::intrusive_ptr<c10d::Backend> split_mpi_backend(const c10::intrusive_ptr<c10d::Backend>& parent, int color,
+                                                    int rank, int size);
+
 }  // namespace tandem::comm::detail

@@ -2,6 +2,7 @@
 #if TANDEM_BUILT_WITH_MPI
 #include "comm/mpi_engine.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <future>
@@ -90,14 +91,29 @@ void MpiEngine::finalize_at_exit() {
 }
 
 void MpiEngine::loop() {
+  // Pending p2p requests are tested this often while nothing else is queued.
+  constexpr std::chrono::microseconds kPollInterval{50};
   std::unique_lock<std::mutex> lock(mutex_);
+  const auto has_task = [this] { return !queue_.empty(); };
   for (;;) {
-    wake_.wait(lock, [this] { return !queue_.empty(); });
-    auto task = std::move(queue_.front());
-    queue_.pop_front();
-    lock.unlock();
-    task();  // tasks report their own failures; they do not throw
-    lock.lock();
+    if (pollers_.empty()) {
+      wake_.wait(lock, has_task);
+    } else {
+      wake_.wait_for(lock, kPollInterval, has_task);
+    }
+    if (!queue_.empty()) {
+      auto task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task();  // tasks report their own failures; they do not throw
+      lock.lock();
+    }
+    if (!pollers_.empty()) {  // after every task too: a stream of collectives must not starve them
+      lock.unlock();
+      auto done = [](std::function<bool()>& poller) { return poller(); };
+      pollers_.erase(std::remove_if(pollers_.begin(), pollers_.end(), done), pollers_.end());
+      lock.lock();
+    }
     if (stopping_ && queue_.empty()) return;
   }
 }
@@ -125,6 +141,8 @@ void MpiEngine::run(const std::function<void()>& task) {
   });
   finished.get();
 }
+
+void MpiEngine::poll(std::function<bool()> poller) { pollers_.push_back(std::move(poller)); }
 
 void MpiEngine::mark_stuck(const std::string& why) {
   std::lock_guard<std::mutex> hold(mutex_);

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <sys/types.h>
 
@@ -34,6 +35,10 @@ class MpiEngine {
   void submit(std::function<void()> task);
   /// Runs `task` on the engine's thread and waits for it, rethrowing what it throws.
   void run(const std::function<void()>& task);
+  /// From a task only (the engine's thread): calls `poller` whenever the queue is empty, about
+  /// every kPollInterval, until it returns true. How p2p requests complete (MPI_Test) without
+  /// a blocking wait that would hold up the tasks queued behind them.
+  void poll(std::function<bool()> poller);
 
   /// Called by a waiter whose collective timed out: the engine's thread is inside that call and
   /// will never come back (MPI collectives cannot be cancelled), so later submissions fail at once,
@@ -55,6 +60,7 @@ class MpiEngine {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
+  std::vector<std::function<bool()>> pollers_;  // the engine's thread only
   bool stopping_ = false;
   std::string stuck_;  // why, once a collective timed out
   std::string init_error_;

@@ -119,41 +119,66 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const World& world,
     at::set_num_threads(world.intra_op_threads);
   }
   std::shared_ptr<ProcessGroup> pg(new ProcessGroup(world, options));
+  pg->rank_ = world.rank;
+  pg->size_ = world.world_size;
+  for (int r = 0; r < world.world_size; ++r) pg->global_ranks_.push_back(r);
   pg->debug_level_ = options.debug() ? *options.debug() : debug_level_from_env();
   pg->store_ = rendezvous(world, options.rendezvous_timeout());
   if (world.world_size > 1) agree_on_debug_level(*pg->store_, world.rank, pg->debug_level_);
   pg->cpu_kind_ = resolve_cpu_backend(options.cpu_backend() ? *options.cpu_backend() : cpu_backend_from_env()).backend;
   if (world.world_size > 1) agree_on_cpu_backend(*pg->store_, world.rank, pg->cpu_kind_);
+  pg->make_backends(nullptr, 0);
+  return pg;
+}
+
+void ProcessGroup::make_backends(const c10::intrusive_ptr<c10d::Backend>& mpi_parent, int mpi_color) {
   try {
-    if (pg->cpu_kind_ == CpuBackend::Mpi) {
-      pg->cpu_ = detail::make_mpi_backend(world.rank, world.world_size, options.timeout());
+    if (cpu_kind_ == CpuBackend::Mpi) {
+      cpu_ = mpi_parent ? detail::split_mpi_backend(mpi_parent, mpi_color, rank_, size_)
+                        : detail::make_mpi_backend(rank_, size_, options_.timeout());
     } else {
-      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
-      gloo_options->threads = options.gloo_threads();
-      gloo_options->devices.push_back(gloo_device(world));
-      pg->cpu_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>("tandem/gloo", pg->store_), world.rank,
-          world.world_size, gloo_options);
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout());
+      gloo_options->threads = options_.gloo_threads();
+      gloo_options->devices.push_back(gloo_device(world_));
+      cpu_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("tandem/gloo", store_),
+                                                         rank_, size_, gloo_options);
     }
     // Note [Device binding]: before any CUDA work of ours.
     const bool compiled = detail::nccl_compiled();
-    const auto device = detail::choose_nccl_device(compiled, options.use_nccl(), world.local_rank,
-                                                   compiled && options.use_nccl() ? cuda_device_count() : 0);
+    const auto device = detail::choose_nccl_device(compiled, options_.use_nccl(), world_.local_rank,
+                                                   compiled && options_.use_nccl() ? cuda_device_count() : 0);
     if (device.index >= 0) {
-      pg->nccl_ = detail::make_nccl_backend(
-          c10::make_intrusive<c10d::PrefixStore>("tandem/nccl", pg->store_), world.rank,
-          world.world_size, device.index, options.timeout());
-      pg->nccl_device_ = device.index;
+      nccl_ = detail::make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("tandem/nccl", store_), rank_, size_,
+                                        device.index, options_.timeout());
+      nccl_device_ = device.index;
     } else {
-      pg->nccl_unavailable_ = device.unavailable;
+      nccl_unavailable_ = device.unavailable;
     }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error("creating the process group on rank " + std::to_string(world.rank) +
-                " failed: " + one_line(e));
+    throw Error("creating the process group " + (name_ == "world" ? std::string() : "'" + name_ + "' ") + "on " +
+                describe_rank(rank_) + " failed: " + one_line(e));
   }
-  return pg;
+  sent_.assign(static_cast<size_t>(size_), 0);
+  received_.assign(static_cast<size_t>(size_), 0);
+}
+
+int ProcessGroup::global_rank(int group_rank) const {
+  return group_rank >= 0 && group_rank < size_ ? global_ranks_[static_cast<size_t>(group_rank)] : -1;
+}
+
+int ProcessGroup::group_rank(int global) const {
+  for (int r = 0; r < size_; ++r) {
+    if (global_ranks_[static_cast<size_t>(r)] == global) return r;
+  }
+  return -1;
+}
+
+std::string ProcessGroup::describe_rank(int group_rank) const {
+  if (name_ == "world") return "rank " + std::to_string(group_rank);
+  return "rank " + std::to_string(group_rank) + " of group '" + name_ + "' (global rank " +
+         std::to_string(global_rank(group_rank)) + ")";
 }
 
 ProcessGroup::~ProcessGroup() {
@@ -220,6 +245,7 @@ void ProcessGroup::remember(const c10::intrusive_ptr<c10d::Work>& work, const Co
 
 Error ProcessGroup::failure(const std::string& what, const CollectiveCall* call, const std::exception& cause) const {
   std::string text = what + " failed on rank " + std::to_string(rank()) + " of " + std::to_string(size());
+  if (name_ != "world") text += " in group '" + name_ + "' (global rank " + std::to_string(world_.rank) + ")";
   if (call) text += " at collective #" + std::to_string(call->seq);
   text += ": " + one_line(cause);
   if (call && size() > 1) {
@@ -232,7 +258,8 @@ Error ProcessGroup::failure(const std::string& what, const CollectiveCall* call,
     // the same outage, and must not each wait the report window again.
     if (others.empty()) {
       others = detail::explain_failure(store_, rank(), size(), *call,
-                                       world_.use_agent_store ? "the launcher" : "rank 0");
+                                       world_.use_agent_store ? "the launcher" : "rank 0",
+                                       name_ == "world" ? std::vector<int>{} : global_ranks_);
       if (others.empty()) others = "every rank was in this collective";
       std::lock_guard<std::mutex> hold(calls_mutex_);
       if (first_failure_.empty()) {

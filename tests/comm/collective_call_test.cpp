@@ -75,6 +75,9 @@ TEST(FailureReport, ListsRanks) {
   EXPECT_EQ(list_ranks({1}), "1");
   EXPECT_EQ(list_ranks({1, 3}), "1 and 3");
   EXPECT_EQ(list_ranks({0, 2, 3}), "0, 2 and 3");
+  // A subgroup's ranks, each with its global rank.
+  EXPECT_EQ(list_ranks({1}, {2, 3}), "1 (global 3)");
+  EXPECT_EQ(list_ranks({0, 1}, {4, 6}), "0 (global 4) and 1 (global 6)");
 }
 
 void post(c10d::Store& store, int rank, const CollectiveCall& call) {
@@ -89,7 +92,7 @@ TEST(FailureReport, NamesSilentRanksAndRanksElsewhere) {
   auto t = at::zeros({4});
   post(*store, 2, sum_of(9, t));
   post(*store, 1, CollectiveCall::of(9, CollectiveKind::Barrier, nullptr));
-  const std::string text = explain_failure(store, 0, 4, sum_of(9, t), "rank 0", std::chrono::milliseconds(200));
+  const std::string text = explain_failure(store, 0, 4, sum_of(9, t), "rank 0", {}, std::chrono::milliseconds(200));
   EXPECT_EQ(text,
             "rank 3 did not arrive (no report within 200 ms of the failure: stuck elsewhere, exited, or more than "
             "200 ms late); rank 1 was in collective #9, barrier");
@@ -101,7 +104,19 @@ TEST(FailureReport, EveryoneInTheSameCallSaysNothing) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   auto t = at::zeros({4});
   post(*store, 1, sum_of(5, t));
-  EXPECT_EQ(explain_failure(store, 0, 2, sum_of(5, t), "rank 0", std::chrono::milliseconds(200)), "");
+  EXPECT_EQ(explain_failure(store, 0, 2, sum_of(5, t), "rank 0", {}, std::chrono::milliseconds(200)), "");
+}
+
+// In a subgroup of global ranks {4, 6, 7}: the silent and the elsewhere ranks carry their global rank.
+TEST(FailureReport, NamesASubgroupsGlobalRanks) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto t = at::zeros({4});
+  post(*store, 1, CollectiveCall::of(2, CollectiveKind::Barrier, nullptr));
+  const std::string text =
+      explain_failure(store, 0, 3, sum_of(3, t), "rank 0", {4, 6, 7}, std::chrono::milliseconds(200));
+  EXPECT_EQ(text,
+            "rank 2 (global 7) did not arrive (no report within 200 ms of the failure: stuck elsewhere, exited, or "
+            "more than 200 ms late); rank 1 (global 6) was in collective #2, barrier");
 }
 
 // A store that fails after rank 1's report was read, or never answers (its host is stopped).
@@ -144,7 +159,7 @@ TEST(FailureReport, AFailingStoreKeepsWhatWasGathered) {
   auto store = c10::make_intrusive<TroubledStore>(/*hang=*/false);
   auto t = at::zeros({4});
   post(*store, 1, CollectiveCall::of(3, CollectiveKind::Barrier, nullptr));
-  EXPECT_EQ(explain_failure(store, 0, 3, sum_of(3, t), "the launcher", std::chrono::milliseconds(200)),
+  EXPECT_EQ(explain_failure(store, 0, 3, sum_of(3, t), "the launcher", {}, std::chrono::milliseconds(200)),
             "rank 2 could not be asked; rank 1 was in collective #3, barrier; the store that the launcher hosts "
             "failed: Connection reset by peer (the launcher may have exited)");
 }
@@ -152,7 +167,7 @@ TEST(FailureReport, AFailingStoreKeepsWhatWasGathered) {
 TEST(FailureReport, AStoreThatNeverAnswersIsNotWaitedFor) {
   auto store = c10::make_intrusive<TroubledStore>(/*hang=*/true);
   auto t = at::zeros({4});
-  const std::string text = explain_failure(store, 0, 3, sum_of(3, t), "rank 0", std::chrono::milliseconds(200));
+  const std::string text = explain_failure(store, 0, 3, sum_of(3, t), "rank 0", {}, std::chrono::milliseconds(200));
   // It came back before the store answered anything it blocked on: it did not wait for the store
   // (no clock needed; a version that waited would never return, and ctest's timeout would end it).
   EXPECT_EQ(store->answered_after_hang(), 0) << "returned only once the store had answered";

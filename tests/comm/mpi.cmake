@@ -12,6 +12,11 @@ add_test(NAME comm.collectives.mpi3
 add_test(NAME comm.collectives.mpi4
   COMMAND ${_mpi_run} --nproc-per-node 4 -- $<TARGET_FILE:collectives_test> ${_cpu_filter})
 set_tests_properties(comm.collectives.mpi2 comm.collectives.mpi3 comm.collectives.mpi4 PROPERTIES ENVIRONMENT TANDEM_TEST_EXPECT_CPU_BACKEND=mpi)
+foreach(_n 2 4)
+  add_test(NAME comm.subgroups.mpi${_n}
+    COMMAND ${_mpi_run} --nproc-per-node ${_n} -- $<TARGET_FILE:subgroups_test> --gtest_filter=-SubgroupTimeout.*)
+  set_tests_properties(comm.subgroups.mpi${_n} PROPERTIES LABELS "comm;multiprocess;mpi" TIMEOUT 300)
+endforeach()
 # Auto under plain mpirun (no --backend, no TANDEM_CPU_BACKEND) is MPI.
 add_test(NAME comm.collectives.mpi.auto_under_mpirun
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/ecosystem/mpirun.sh ok -- $<TARGET_FILE:collectives_test>

@@ -11,11 +11,18 @@
 // collective #12: <cause>; rank 1 did not arrive (...)" (docs/reliability.md). With
 // TANDEM_DEBUG=DETAIL the ranks also compare each call before making it (tandem/comm/debug.h).
 //
+// Subgroups (Note [Subgroups] in src/comm/process_group_split.cpp): split() and new_group() make a
+// ProcessGroup of some of this group's ranks, with its own backends, its own sequence numbers and
+// its own scope of store keys; rank() and size() are the subgroup's, global_rank() translates.
+// Point-to-point send/recv (src/comm/point_to_point.cpp) never take a collective sequence number.
+//
 // Example:
 //   auto world = tandem::comm::World::from_env();
 //   auto pg = tandem::comm::ProcessGroup::create(world);
 //   auto t = torch::ones({4});
 //   pg->all_reduce(t, tandem::comm::ReduceOp::Avg);
+//   auto pair = pg->split(pg->rank() / 2, "pairs");      // ranks {0,1}, {2,3}, ...
+//   if (pair->rank() == 0) pair->send(t, 1); else pair->recv(t, 0);
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -51,6 +58,17 @@ constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
 enum class ReduceOp { Sum, Avg, Max, Min, Product };
 const char* to_string(ReduceOp op);
 
+/// One operation of ProcessGroup::batch_isend_irecv (PyTorch's dist.P2POp): send `tensor` to, or
+/// receive it from, `peer` (a rank of the group the batch is issued on).
+struct P2POp {
+  enum class Kind { Send, Recv };
+  Kind kind = Kind::Send;
+  at::Tensor tensor;
+  int peer = 0;
+  static P2POp send(at::Tensor t, int to) { return {Kind::Send, std::move(t), to}; }
+  static P2POp recv(at::Tensor t, int from) { return {Kind::Recv, std::move(t), from}; }
+};
+
 /// Options of ProcessGroup::create.
 ///
 /// Example:
@@ -81,9 +99,21 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  int rank() const { return world_.rank; }
-  int size() const { return world_.world_size; }
+  /// This process's rank in the group, and the group's size (the World's for create()'s group).
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// The job's World (global ranks), also for a subgroup.
   const World& world() const { return world_; }
+  /// "world" for create()'s group, else the name given to split() / new_group().
+  const std::string& name() const { return name_; }
+  /// The global rank of this group's rank `group_rank`; -1 past the group.
+  int global_rank(int group_rank) const;
+  /// The group rank of global rank `global`; -1 when it is not in the group.
+  int group_rank(int global) const;
+  /// The global ranks of the group's members, in group rank order.
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+  /// "rank 1 of group 'tp' (global rank 3)", or "rank 3" in the world group: for messages.
+  std::string describe_rank(int group_rank) const;
   const ProcessGroupOptions& options() const { return options_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   bool has_nccl() const { return static_cast<bool>(nccl_); }
@@ -115,6 +145,32 @@ class ProcessGroup {
   std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
   void barrier();
 
+  // Subgroups. Both are collective over this group: every rank calls them, in the same order
+  // relative to its other subgroup creations. The subgroup's store keys live under a prefix of
+  // their own, so failure reports, the reducer's agreement and the backends' rendezvous never
+  // meet another group's keys.
+
+  /// Ranks that pass the same `color` (>= 0) form one group, ordered by their rank here (MPI's
+  /// MPI_Comm_split, PyTorch's split_group). A negative color joins no group: nullptr back.
+  std::shared_ptr<ProcessGroup> split(int color, const std::string& name = "");
+  /// The group of `ranks` (ranks of this group; the new group's ranks follow their order here,
+  /// as PyTorch's new_group sorts them). Every rank passes the same list (checked: a one-line
+  /// error otherwise); ranks outside it get nullptr.
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name = "");
+
+  // Point-to-point (src/comm/point_to_point.cpp). Peers are ranks of this group. Messages between
+  // two ranks arrive in the order they were sent. They take no collective sequence number, so
+  // collectives keep the same numbers on every rank whatever p2p traffic some ranks have.
+  // Timeouts and failures name the operation, the peer's group and global rank, and which
+  // message to or from that peer it was.
+  c10::intrusive_ptr<c10d::Work> isend(const at::Tensor& tensor, int to);
+  c10::intrusive_ptr<c10d::Work> irecv(at::Tensor& tensor, int from);
+  void send(const at::Tensor& tensor, int to);
+  void recv(at::Tensor& tensor, int from);
+  /// Issues every operation, then returns their works (wait for each, with wait()). On NCCL the
+  /// batch is one coalesced group, so a ring exchange cannot deadlock; on Gloo and MPI every
+  /// operation is asynchronous anyway.
+  std::vector<c10::intrusive_ptr<c10d::Work>> batch_isend_irecv(std::vector<P2POp>& ops);
   // Flat collectives (Note [Flat collectives] in process_group.cpp), the sharded optimizer's and
   // reducer's: `input` of a reduce-scatter is size() equal shards back to back, and this rank's
   // `output` (input.numel() / size() elements) receives the reduction of its shard over every
@@ -134,6 +190,15 @@ class ProcessGroup {
 
  private:
   ProcessGroup(World world, ProcessGroupOptions options);
+  /// Creates the CPU (and, where bound, NCCL) backends of a group on `store_`. `mpi_parent`: the
+  /// parent's MPI backend a subgroup's communicator is split from (every rank of the parent calls,
+  /// members or not); null for create()'s group.
+  void make_backends(const c10::intrusive_ptr<c10d::Backend>& mpi_parent, int mpi_color);
+  /// split()'s and new_group()'s common part, once every rank knows `members` of its `color`.
+  std::shared_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, const std::string& name);
+  /// A p2p operation's checks and description ("send of 4 Float to rank 1 (global 3) of group 'pp',
+  /// message #2 to that rank"); counts the message.
+  std::string begin_p2p(const char* op, const at::Tensor& tensor, int peer, bool sending);
   /// Numbers the next call and, in debug mode, checks it against the other ranks'. Called with
   /// issue_mutex_ held, which stays held until the backend has the call: numbers follow issue order.
   detail::CollectiveCall begin(detail::CollectiveKind kind, const at::Tensor* tensor, int64_t detail);
@@ -147,6 +212,11 @@ class ProcessGroup {
 
   World world_;
   ProcessGroupOptions options_;
+  int rank_ = 0, size_ = 1;
+  std::string name_ = "world";
+  std::vector<int> global_ranks_;    // group rank -> global rank
+  int splits_ = 0;                   // subgroups made from this one: the next one's key scope
+  std::vector<uint64_t> sent_, received_;  // p2p messages per peer, for messages
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> cpu_;  // Gloo or MPI
   CpuBackend cpu_kind_ = CpuBackend::Gloo;

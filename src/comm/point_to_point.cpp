@@ -1,0 +1,127 @@
+// ProcessGroup's point-to-point operations: send, recv, and batches of both.
+//
+// Note [Point-to-point and the collective sequence]
+// Collectives are numbered in issue order, the same number on every rank (Note [Collective
+// sequence]); that is what lets a failure say "collective #12" and mean one call of the job. A
+// send involves two ranks only, so if it took a number the ranks that sent nothing would number
+// their next collective differently. P2P operations therefore never touch the collective counter;
+// each pair of ranks counts its own messages instead (sent_[peer], received_[peer]), which is
+// what matches a send with its receive (messages between two ranks arrive in order) and what a
+// failure names: "message #3 to that rank".
+#include <algorithm>
+
+#include <ATen/ATen.h>
+
+#include "comm/nccl_backend.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/error.h"
+
+namespace tandem::comm {
+namespace {
+
+// All p2p messages use one tag: order between a pair is what matches them (Gloo, MPI and NCCL
+// all keep it).
+constexpr int kTag = 0;
+
+// A p2p work whose wait() turns a backend's failure or timeout into one line that names the
+// operation, the peer (group and global rank) and the message's number.
+class PointToPointWork : public c10d::Work {
+ public:
+  PointToPointWork(int rank, c10::intrusive_ptr<c10d::Work> inner, std::string what, std::chrono::milliseconds timeout)
+      : c10d::Work(rank, inner->retrieveOpType()), inner_(std::move(inner)), what_(std::move(what)), timeout_(timeout) {}
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    try {
+      // Note [Stream-ordered waits]: a CUDA work only orders the current stream after it.
+      if (comm::detail::is_nccl_work(*inner_)) return inner_->wait();
+      return inner_->wait(timeout == kNoTimeout ? timeout_ : timeout);
+    } catch (const std::exception& e) {
+      throw Error(what_ + ": " + one_line(e));
+    }
+  }
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  void synchronize() override { inner_->synchronize(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+std::string ProcessGroup::begin_p2p(const char* op, const at::Tensor& tensor, int peer, bool sending) {
+  if (!tensor.defined() || tensor.is_sparse() || !tensor.is_contiguous()) {
+    throw Error(std::string(op) + " needs a defined, dense, contiguous tensor");
+  }
+  TANDEM_CHECK(peer >= 0 && peer < size(), op, (sending ? " to" : " from"), " rank ", peer,
+               ": the group", (name_ == "world" ? std::string() : " '" + name_ + "'"), " has ranks 0 to ", size() - 1);
+  TANDEM_CHECK(peer != rank(), op, (sending ? " to" : " from"), " rank ", peer, ": that is this rank itself");
+  uint64_t number = 0;
+  {
+    std::lock_guard<std::mutex> hold(calls_mutex_);
+    number = ++(sending ? sent_ : received_)[static_cast<size_t>(peer)];
+  }
+  return std::string(op) + " of " + std::to_string(tensor.numel()) + " " + c10::toString(tensor.scalar_type()) +
+         " on " + tensor.device().str() + (sending ? " to " : " from ") + describe_rank(peer) + ", message #" +
+         std::to_string(number) + (sending ? " to" : " from") + " that rank, failed on " + describe_rank(rank());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::isend(const at::Tensor& tensor, int to) {
+  std::vector<P2POp> one{P2POp::send(tensor, to)};
+  return batch_isend_irecv(one).front();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::irecv(at::Tensor& tensor, int from) {
+  std::vector<P2POp> one{P2POp::recv(tensor, from)};
+  return batch_isend_irecv(one).front();
+}
+
+void ProcessGroup::send(const at::Tensor& tensor, int to) { isend(tensor, to)->wait(); }
+
+void ProcessGroup::recv(at::Tensor& tensor, int from) { irecv(tensor, from)->wait(); }
+
+std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroup::batch_isend_irecv(std::vector<P2POp>& ops) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  if (ops.empty()) return works;
+  const c10::Device device = ops.front().tensor.defined() ? ops.front().tensor.device() : c10::Device(c10::kCPU);
+  for (const auto& op : ops) {
+    TANDEM_CHECK(!op.tensor.defined() || op.tensor.device() == device,
+                 "batch_isend_irecv: every tensor of a batch must be on one device, got ", device.str(), " and ",
+                 op.tensor.device().str());
+  }
+  const auto& backend = backend_for(device);
+  const bool coalesce = device.is_cuda() && ops.size() > 1;  // one NCCL group: a ring cannot deadlock
+  std::lock_guard<std::mutex> issuing(issue_mutex_);
+  std::vector<std::string> what;
+  for (auto& op : ops) {
+    const bool sending = op.kind == P2POp::Kind::Send;
+    what.push_back(begin_p2p(sending ? "send" : "recv", op.tensor, op.peer, sending));
+  }
+  std::vector<c10::intrusive_ptr<c10d::Work>> issued;
+  size_t i = 0;
+  try {  // a backend may refuse at once (a pair closed by an earlier timeout): named as a wait would
+    if (coalesce) backend->startCoalescing();
+    for (; i < ops.size(); ++i) {
+      std::vector<at::Tensor> tensors{ops[i].tensor};
+      issued.push_back(ops[i].kind == P2POp::Kind::Send ? backend->send(tensors, ops[i].peer, kTag)
+                                                         : backend->recv(tensors, ops[i].peer, kTag));
+    }
+    if (coalesce) {
+      auto group = backend->endCoalescing();
+      for (auto& w : issued) w = group;
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(what[std::min(i, what.size() - 1)] + ": " + one_line(e));
+  }
+  for (size_t k = 0; k < issued.size(); ++k) {
+    works.push_back(c10::make_intrusive<PointToPointWork>(rank(), issued[k], what[k], options_.timeout()));
+  }
+  return works;
+}
+
+}  // namespace tandem::comm
