@@ -46,7 +46,9 @@
 #include "ddp/failed_backward.h"
 #include "common/ready_hook.h"
 #include "fsdp/unit_shard.h"
+#include "tandem/comm/device_mesh.h"
 #include "tandem/error.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/fsdp/unit.h"
 #include "tandem/host_allocator.h"
 #include "tandem/zero/clip_grad_norm.h"
@@ -167,6 +169,28 @@ Engine::~Engine() {
   for (size_t i = 0; i < s_->accumulators.size(); ++i) s_->accumulators[i]->del_post_hook(s_->hook_keys[i]);
 }
 
+std::pair<std::shared_ptr<comm::ProcessGroup>, FullyShardOptions> mesh_groups(const comm::DeviceMesh& mesh,
+                                                                               FullyShardOptions options) {
+  const auto names = mesh.names();
+  TANDEM_CHECK(names.size() <= 2, "fsdp: a mesh of ", names.size(), " dimensions (", mesh.describe(),
+               "); FSDP takes one (shard) or two (replicate, shard): pass mesh[{...}] of those");
+  if (names.size() == 2) options.replicate_group(mesh.group(names[0]));
+  return {mesh.group(names.back()), std::move(options)};
+}
+
+// HSDP's two groups must be a mesh's two dimensions: every replica of this rank holds the same
+// rows, so its rank in its own shard group is this rank's.
+void check_replicas(comm::ProcessGroup& shard, comm::ProcessGroup& replicate) {
+  const auto places = replicate.all_gather(at::tensor({int64_t{shard.rank()}, int64_t{shard.size()}}));
+  for (int r = 0; r < replicate.size(); ++r) {
+    const auto theirs = places[static_cast<size_t>(r)];
+    TANDEM_CHECK(theirs[0].item<int64_t>() == shard.rank() && theirs[1].item<int64_t>() == shard.size(), "fsdp: ",
+                 replicate.describe_rank(r), " of the replicate group is rank ", theirs[0].item<int64_t>(), " of ",
+                 theirs[1].item<int64_t>(), " in its shard group, this process rank ", shard.rank(), " of ",
+                 shard.size(), ": the groups must be two dimensions of one mesh ({\"replicate\", \"shard\"})");
+  }
+}
+
 std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<comm::ProcessGroup> pg,
                                        FullyShardOptions options) {
   tune_host_allocator(HostAllocatorPolicy::ReturnLarge);  // Note [Host allocator]: FSDP gives memory back
@@ -180,6 +204,7 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
   s.instance = g_engines++;
   s.pg = std::move(pg);
   s.options = options;
+  if (options.replicate_group() && options.replicate_group()->size() > 1) check_replicas(*s.pg, *options.replicate_group());
   s.root = &root;
 
   // The units, each once.
@@ -227,16 +252,23 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
 
   // Rank 0's weights everywhere (before anything is cut), as DDP starts: a unit at a time, so the
   // coalesced copy is one unit's size, not the model's.
-  if (options.sync_module_states() && s.pg->size() > 1) {
+  // HSDP: across the replicas first (the shard group's rank 0 of each gets global rank 0's), then
+  // within each shard group.
+  std::vector<comm::ProcessGroup*> sync_over;
+  if (options.replicate_group() && options.replicate_group()->size() > 1) sync_over.push_back(options.replicate_group().get());
+  if (s.pg->size() > 1) sync_over.push_back(s.pg.get());
+  if (options.sync_module_states()) {
     at::NoGradGuard no_grad;
-    for (const auto& unit_params : params) {
-      std::vector<at::Tensor> state;
-      for (const auto& item : unit_params) state.push_back(item.second.detach());
-      if (!state.empty()) s.pg->broadcast_coalesced(state, 0);
+    for (comm::ProcessGroup* group : sync_over) {
+      for (const auto& unit_params : params) {
+        std::vector<at::Tensor> state;
+        for (const auto& item : unit_params) state.push_back(item.second.detach());
+        if (!state.empty()) group->broadcast_coalesced(state, 0);
+      }
+      std::vector<at::Tensor> buffers;
+      for (auto& b : root.buffers()) buffers.push_back(b);
+      if (!buffers.empty()) group->broadcast_coalesced(buffers, 0);
     }
-    std::vector<at::Tensor> buffers;
-    for (auto& b : root.buffers()) buffers.push_back(b);
-    if (!buffers.empty()) s.pg->broadcast_coalesced(buffers, 0);
   }
 
   // The root unit's parameters are stored as one unit per child of the root (its own tensors in
@@ -258,7 +290,8 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
   for (size_t u = 0; u < groups.size(); ++u) {
     if (u >= first_root) s.root_units.push_back(u);
     s.units.push_back(std::make_unique<UnitShard>(u >= first_root ? "(root) " + groups[u].first : groups[u].first,
-                                                  std::move(groups[u].second), *s.pg, policy));
+                                                  std::move(groups[u].second), *s.pg,
+                                                  options.replicate_group().get(), policy));
     if (u < first_root) s.modules.push_back(found[u].second);
   }
   // The hooks while the parameters have their whole shape and their final dtype (Note [Unit

@@ -22,8 +22,9 @@ void timed_wait(comm::ProcessGroup& pg, c10::intrusive_ptr<c10d::Work> work, con
 }  // namespace
 
 UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg,
-                     const MixedPrecisionPolicy& policy)
-    : name_(std::move(name)), pg_(pg), world_(pg.size()), rank_(pg.rank()) {
+                     comm::ProcessGroup* replicate, const MixedPrecisionPolicy& policy)
+    : name_(std::move(name)), pg_(pg), replicate_(replicate && replicate->size() > 1 ? replicate : nullptr),
+      world_(pg.size()), rank_(pg.rank()) {
   at::TensorOptions options;
   for (size_t i = 0; i < params.size(); ++i) {
     auto& [param_name, param] = params[i];
@@ -62,7 +63,9 @@ UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Te
     // A leaf of its own (the optimizer's parameter) that shares the buffer's storage.
     slot.shard = mine.requires_grad_(slot.param.requires_grad());
   }
-  inverse_world_ = at::scalar_tensor(1.0 / static_cast<double>(world_), at::kDouble);
+  // The average is over every rank that computed a gradient: the shard group's, times the replicas.
+  const int64_t averaged = world_ * (replicate_ ? replicate_->size() : 1);
+  inverse_world_ = at::scalar_tensor(1.0 / static_cast<double>(averaged), at::kDouble);
   inverse_world_.unsafeGetTensorImpl()->set_wrapped_number(true);
 }
 
@@ -234,6 +237,12 @@ void UnitShard::finish_reduce() {
   reduce_pending_ = false;
   reduce_input_ = at::Tensor();
   at::Tensor out = std::exchange(reduce_output_, at::Tensor());
+  if (replicate_ && per_rank_ > 0) {
+    // HSDP: the replicas hold the same rows; each has this shard group's sum, the total is theirs.
+    const auto start = std::chrono::steady_clock::now();
+    replicate_->all_reduce(out, comm::ReduceOp::Sum);
+    reduce_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   for (auto& slot : slots_) {
     if (!slot.shard.requires_grad()) continue;
     at::Tensor mine = tandem::detail::storage_alias(out, slot.offset, slot.shard.sizes());

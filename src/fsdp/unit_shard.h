@@ -53,8 +53,9 @@ class UnitShard {
 
   /// Copies this rank's rows of `params` (each whole and the same on every rank) into its shards;
   /// the parameters are untouched until take_placeholders().
+  /// `replicate`: HSDP's replica group (FullyShardOptions::replicate_group), or null.
   UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg,
-            const MixedPrecisionPolicy& policy);
+            comm::ProcessGroup* replicate, const MixedPrecisionPolicy& policy);
   /// Makes each parameter a placeholder of its whole shape in the compute dtype, without memory
   /// (a 0-d zero expanded), until reshard(): the engine hooks the parameters in between (Note
   /// [Unit layout]).
@@ -85,11 +86,13 @@ class UnitShard {
   /// Whether every parameter still holds what this object gave it (the user did not replace one).
   std::string replaced_parameter() const;
 
-  /// Starts the reduce-scatter of the parameters' gradients (each scaled by 1/W as DDP does;
-  /// zero for a parameter without one) and drops them. Nothing when no parameter needs a gradient.
+  /// Starts the reduce-scatter of the parameters' gradients (each scaled by 1/W as DDP does, W
+  /// the shard group's size times the replicas'; zero for a parameter without one) and drops
+  /// them. Nothing when no parameter needs a gradient.
   void start_reduce();
   bool reducing() const { return reduce_work_ != nullptr || reduce_pending_; }
-  /// Waits for it and adds the averaged rows to the shards' gradients (sets them when undefined).
+  /// Waits for it (and, under HSDP, all-reduces the rows across the replicas) and adds the
+  /// averaged rows to the shards' gradients (sets them when undefined).
   void finish_reduce();
   /// Waits for it and drops its result (a backward that failed half-way).
   void discard_reduce();
@@ -116,6 +119,7 @@ class UnitShard {
 
   std::string name_;
   comm::ProcessGroup& pg_;
+  comm::ProcessGroup* replicate_ = nullptr;  // HSDP's replicas, or null
   int64_t world_ = 1, rank_ = 0, per_rank_ = 0;
   at::ScalarType compute_ = at::kFloat, reduce_ = at::kFloat;  // the shards are local_'s dtype
   std::vector<Slot> slots_;

@@ -13,6 +13,10 @@
 //   loss.backward();                                      // gradients land on the shards
 //   opt.step();                                           // steps this rank's shards only
 //   opt.zero_grad();
+//
+// HSDP (shards within a node, replicas across nodes): pass a 2-D mesh {"replicate", "shard"}.
+//   tandem::comm::DeviceMesh mesh(pg, {nodes, gpus_per_node}, {"replicate", "shard"});
+//   tandem::fsdp::FullyShardedDataParallel model(net, mesh);
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,6 +26,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
+#include "tandem/comm/device_mesh.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/output_tensors.h"
 #include "tandem/fsdp/auto_wrap.h"
@@ -53,6 +58,10 @@ class NoSyncGuard {
 namespace detail {
 /// Whether any module under `root` is a Unit.
 bool has_units(torch::nn::Module& root);
+/// A mesh's shard group (its last dimension) and, for a 2-D mesh, `options` with its first
+/// dimension as the replicate group (HSDP). A mesh of more dimensions is a one-line error.
+std::pair<std::shared_ptr<comm::ProcessGroup>, FullyShardOptions> mesh_groups(const comm::DeviceMesh& mesh,
+                                                                               FullyShardOptions options);
 }  // namespace detail
 
 /// Points an optimizer built on the model's parameters at their shards instead, in place (its
@@ -70,6 +79,14 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
       : torch::nn::Module("FullyShardedDataParallel"), module_(register_module("module", module)) {
     if (options.auto_wrap()) auto_wrap(*module_, *options.auto_wrap());
     engine_ = detail::Engine::create(*module_, std::move(pg), options);
+  }
+  /// Over a mesh: 1-D, FSDP over its group; 2-D ({replicate, shard}), HSDP (FullyShardOptions::
+  /// replicate_group).
+  FullyShardedDataParallelImpl(ModuleHolder module, const comm::DeviceMesh& mesh, FullyShardOptions options = {})
+      : torch::nn::Module("FullyShardedDataParallel"), module_(register_module("module", module)) {
+    if (options.auto_wrap()) auto_wrap(*module_, *options.auto_wrap());
+    auto [shard, with_replicas] = detail::mesh_groups(mesh, std::move(options));
+    engine_ = detail::Engine::create(*module_, std::move(shard), with_replicas);
   }
 
   /// Calls the wrapped module's forward with the root gathered; units gather themselves.

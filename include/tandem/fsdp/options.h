@@ -2,10 +2,12 @@
 // Options of tandem::fsdp::FullyShardedDataParallel (PyTorch FSDP2's fully_shard arguments where
 // they exist).
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 #include <torch/arg.h>
 
+#include "tandem/comm/process_group.h"
 #include "tandem/fsdp/auto_wrap_policy.h"
 #include "tandem/fsdp/mixed_precision.h"
 
@@ -29,6 +31,12 @@ struct FullyShardOptions {
   /// Gather and compute in a lower precision, reduce in a chosen one, keep and step float32
   /// shards (FSDP2's mp_policy; mixed_precision.h). The default changes nothing.
   TORCH_ARG(MixedPrecisionPolicy, mixed_precision) = {};
+  /// Hybrid sharding (HSDP, FSDP2's 2-D mesh): shard over the wrapper's group, and replicate the
+  /// shards over this one. A unit's gradients are reduce-scattered within the shard group, then
+  /// all-reduced across the replicas; the average is over both (shard size x replicas). The
+  /// groups must tile the job as a mesh's two dimensions do (DeviceMesh: {"replicate", "shard"}).
+  /// Unset or of size 1: plain FSDP.
+  TORCH_ARG(std::shared_ptr<comm::ProcessGroup>, replicate_group) = nullptr;
 };
 
 }  // namespace tandem::fsdp
