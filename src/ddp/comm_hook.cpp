@@ -32,25 +32,6 @@ class AllReduceInFlight : public PendingReduction {
   c10::intrusive_ptr<c10d::Work> work_;
 };
 
-class ReduceScatterInFlight : public PendingReduction {
- public:
-  ReduceScatterInFlight(comm::ProcessGroup& pg, at::Tensor bucket, at::Tensor shard)
-      : pg_(pg), bucket_(std::move(bucket)), shard_(std::move(shard)) {
-    work_ = pg_.reduce_scatter_async(shard_, bucket_, comm::ReduceOp::Sum);
-  }
-  at::Tensor wait() override {
-    pg_.wait(work_, "DDP gradient reduce_scatter of " + std::to_string(bucket_.numel()) + " " +
-                        std::string(c10::toString(bucket_.scalar_type())));
-    tandem::detail::record_on_current_stream(bucket_);
-    return shard_;
-  }
-
- private:
-  comm::ProcessGroup& pg_;
-  at::Tensor bucket_, shard_;
-  c10::intrusive_ptr<c10d::Work> work_;
-};
-
 CommHook compress_hook(std::shared_ptr<comm::ProcessGroup> pg, at::ScalarType wire) {
   return [pg, wire](GradBucket& bucket) -> std::unique_ptr<PendingReduction> {
     at::Tensor compressed = bucket.buffer.to(wire).div_(pg->size());
@@ -65,11 +46,6 @@ CommHook compress_hook(std::shared_ptr<comm::ProcessGroup> pg, at::ScalarType wi
 // (A world of one never gets here without a hook: Note [World of one] in reducer.h.)
 std::unique_ptr<PendingReduction> start_presummed_allreduce(comm::ProcessGroup& pg, at::Tensor bucket) {
   return std::make_unique<AllReduceInFlight>(pg, std::move(bucket), nullptr);
-}
-
-std::unique_ptr<PendingReduction> start_presummed_reduce_scatter(comm::ProcessGroup& pg, at::Tensor bucket,
-                                                                 at::Tensor shard) {
-  return std::make_unique<ReduceScatterInFlight>(pg, std::move(bucket), std::move(shard));
 }
 
 CommHook allreduce_hook(std::shared_ptr<comm::ProcessGroup> pg) {

@@ -28,10 +28,9 @@ namespace tandem::ddp::detail {
 
 int64_t DdpCore::join(const std::function<void()>& body) {
   TANDEM_CHECK(!joining_, "DDP: join() is already active for this module; it does not nest");
-  // A joined rank mirrors DDP's collectives only; ZeRO-2's step issues its own (the same on every rank).
-  TANDEM_CHECK(!reducer_->shards_gradients(), "DDP: join() is not available with sharded gradients (ZeRO-2): a "
-               "joined rank would have to step its slices too; give every rank the same number of batches "
-               "(even_batches, drop_last)");
+  // A joined rank mirrors the reducer's collectives only; a reduction may refuse it (ZeRO-2's step
+  // issues collectives of its own).
+  reducer_->bucket_reduction().check_join();
   if (pg_->size() == 1) {
     body();
     return 0;

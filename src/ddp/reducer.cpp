@@ -12,8 +12,8 @@
 #include "common/ready_hook.h"
 #include "common/storage_alias.h"
 #include "common/scope_exit.h"
+#include "ddp/all_reduce_buckets.h"
 #include "ddp/failed_backward.h"
-#include "tandem/comm/shard_layout.h"
 #include "tandem/error.h"
 
 namespace tandem::ddp {
@@ -93,6 +93,7 @@ std::atomic<int64_t> g_reducers{0};
 Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
                  std::shared_ptr<comm::ProcessGroup> pg, DistributedDataParallelOptions options)
     : parameters_(std::move(parameters)), names_(std::move(names)), pg_(std::move(pg)), options_(options),
+      reduction_(std::make_unique<detail::AllReduceBuckets>(pg_, options_, parameters_.size())),
       anchor_(std::make_shared<Anchor>()), instance_(g_reducers++) {
   TANDEM_CHECK(!parameters_.empty(), "DDP: the module has no parameter that requires a gradient");
   for (size_t i = 0; i < parameters_.size(); ++i) {
@@ -106,11 +107,8 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   std::reverse(assignment.size_limits.begin(), assignment.size_limits.end());
   build_buckets(assignment);
 
-  inverse_world_ = at::scalar_tensor(1.0 / pg_->size(), at::kDouble);
-  inverse_world_.unsafeGetTensorImpl()->set_wrapped_number(true);
   ready_.assign(parameters_.size(), false);
   used_locally_.assign(parameters_.size(), 0);
-  stashed_.resize(parameters_.size());
   for (size_t i = 0; i < parameters_.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[i]);
     hook_keys_.push_back(accumulator->add_post_hook(
@@ -137,7 +135,9 @@ void Reducer::build_buckets(const BucketAssignment& assignment) {
       const auto i = static_cast<size_t>(index);
       locator_[i] = {b, bucket.parameters.size()};
       bucket.parameters.push_back(i);
+      bucket.numel += parameters_[i].numel();
     }
+    bucket.padded = reduction_->buffer_numel(bucket.numel);
     bucket.pending = bucket.parameters.size();
   }
   buckets_ = std::move(buckets);
@@ -146,7 +146,7 @@ void Reducer::build_buckets(const BucketAssignment& assignment) {
 }
 
 void Reducer::allocate_buckets() {
-  if (sharded_) return;  // Note [Sharded gradients]: a bucket exists only while it is reduced
+  if (!reduction_->keeps_buffers()) return;  // a bucket exists only while it is reduced
   at::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
     allocate_contents(bucket);
@@ -162,12 +162,8 @@ void Reducer::allocate_buckets() {
 
 void Reducer::allocate_contents(Bucket& bucket) {
   at::NoGradGuard no_grad;
-  if (bucket.numel == 0) {
-    for (auto i : bucket.parameters) bucket.numel += parameters_[i].numel();
-  }
-  // Zeroed: under sharding, a backward that fails half-way still reduce-scatters it (Note [Failed backward]).
-  bucket.contents = at::zeros({sharded_ ? bucket.padded : bucket.numel},
-                              parameters_[bucket.parameters.front()].options().requires_grad(false));
+  // Zeroed: the padding, and what a backward that fails half-way still reduces (Note [Failed backward]).
+  bucket.contents = at::zeros({bucket.padded}, parameters_[bucket.parameters.front()].options().requires_grad(false));
   bucket.views.clear();
   int64_t offset = 0;
   for (auto i : bucket.parameters) {
@@ -177,48 +173,32 @@ void Reducer::allocate_contents(Bucket& bucket) {
   }
 }
 
-void Reducer::shard_gradients(const BucketAssignment& assignment) {
+void Reducer::set_bucket_reduction(std::unique_ptr<BucketReduction> reduction, const BucketAssignment& assignment) {
   std::lock_guard<std::mutex> lock(mutex_);
-  TANDEM_CHECK(!configured_, "DDP: shard gradients (ZeRO-2) before the first forward");
-  TANDEM_CHECK(!sharded_, "DDP: the gradients are sharded already (one ZeRO-2 optimizer per DDP model)");
-  TANDEM_CHECK(!comm_hook_, "DDP: sharded gradients (ZeRO-2) are reduce-scattered as they are; they cannot go "
-                            "through a communication hook");
-  TANDEM_CHECK(!options_.gradient_as_bucket_view(), "DDP: sharded gradients (ZeRO-2) keep no full-size gradient, so "
-                                                    "there is no bucket view to make them: turn gradient_as_bucket_view off");
-  TANDEM_CHECK(!options_.find_unused_parameters() && !options_.static_graph(),
-               "DDP: sharded gradients (ZeRO-2) do not support find_unused_parameters or static_graph yet");
+  reduction->check(*this);
   std::vector<int> seen(parameters_.size(), 0);
   for (const auto& bucket : assignment.buckets) {
-    TANDEM_CHECK(!bucket.empty(), "DDP: shard_gradients: an empty bucket");
+    TANDEM_CHECK(!bucket.empty(), "DDP: set_bucket_reduction: an empty bucket");
     const auto& first = parameters_.at(static_cast<size_t>(bucket.front()));
     for (auto index : bucket) {
       const auto i = static_cast<size_t>(index);
-      TANDEM_CHECK(index >= 0 && i < parameters_.size() && seen[i]++ == 0, "DDP: shard_gradients: parameter ", index,
-                   " is out of range or in two buckets");
+      TANDEM_CHECK(index >= 0 && i < parameters_.size() && seen[i]++ == 0, "DDP: set_bucket_reduction: parameter ",
+                   index, " is out of range or in two buckets");
       TANDEM_CHECK(parameters_[i].scalar_type() == first.scalar_type() && parameters_[i].device() == first.device(),
-                   "DDP: shard_gradients: a bucket mixes dtypes or devices");
+                   "DDP: set_bucket_reduction: a bucket mixes dtypes or devices");
     }
   }
   for (size_t i = 0; i < parameters_.size(); ++i) {
-    TANDEM_CHECK(seen[i] == 1, "DDP: shard_gradients: parameter ", i, " ('", names_[i], "') is in no bucket");
+    TANDEM_CHECK(seen[i] == 1, "DDP: set_bucket_reduction: parameter ", i, " ('", names_[i], "') is in no bucket");
   }
-  sharded_ = true;
+  reduction_ = std::move(reduction);
+  assignment_given_ = true;
   build_buckets(assignment);
-  for (auto& bucket : buckets_) {
-    for (auto i : bucket.parameters) bucket.numel += parameters_[i].numel();
-    const comm::ShardLayout layout{bucket.numel, pg_->size()};
-    bucket.padded = layout.padded();
-    bucket.shard = at::zeros({layout.shard()}, parameters_[bucket.parameters.front()].options().requires_grad(false));
-  }
 }
 
 void Reducer::register_comm_hook(CommHook hook) {
   std::lock_guard<std::mutex> lock(mutex_);
-  TANDEM_CHECK(!comm_hook_, "DDP: a communication hook is already registered (register it once)");
-  TANDEM_CHECK(!sharded_, "DDP: the gradients are sharded (ZeRO-2): they are reduce-scattered as they are, through "
-                          "no communication hook");
-  TANDEM_CHECK(!configured_, "DDP: register the communication hook before the first forward");
-  comm_hook_ = std::move(hook);
+  reduction_->register_comm_hook(*this, std::move(hook));
 }
 
 void Reducer::prepare_for_forward(bool synced) {
@@ -226,7 +206,7 @@ void Reducer::prepare_for_forward(bool synced) {
   if (!configured_) {
     // Note [World of one]: decided once, at the first forward, when the hook is known.
     configured_ = true;
-    passthrough_ = pg_->size() == 1 && !comm_hook_ && !sharded_;
+    passthrough_ = pg_->size() == 1 && reduction_->passes_through_alone();
     if (!passthrough_) allocate_buckets();
   }
   if (awaiting_backward_ && !backward_failed_) {
@@ -348,41 +328,10 @@ void Reducer::mark_ready(size_t index, bool produced) {
   Bucket& bucket = buckets_[b];
   if (produced) used_locally_[index] = 1;
   ready_[index] = true;
-  if (sharded_) {
-    // Note [Sharded gradients]: into the bucket, pre-divided; the parameter keeps no gradient.
+  if (!passthrough_) {
     at::NoGradGuard no_grad;
-    at::Tensor& grad = parameters_[index].mutable_grad();
-    TANDEM_CHECK(!grad.defined() || !grad.is_sparse(), "DDP: parameter ", index, " ('", names_[index],
-                 "') has a sparse gradient (e.g. Embedding(sparse=true)); ZeRO-2 shards dense gradients only: "
-                 "use a dense embedding, or zero_stage 1");
-    if (!bucket.contents.defined()) allocate_contents(bucket);
-    at::Tensor& view = bucket.views[slot];
-    if (grad.defined()) {
-      at::mul_out(view, grad, inverse_world_);
-      grad.reset();
-    } else {
-      view.zero_();
-    }
-  } else if (!passthrough_) {
-    at::NoGradGuard no_grad;
-    at::Tensor& view = bucket.views[slot];
-    at::Tensor& grad = parameters_[index].mutable_grad();
-    if (!grad.defined()) {
-      view.zero_();  // nothing here: contributes nothing to the average
-    } else if (grad.is_alias_of(view)) {
-      // An unused parameter must keep its gradient if no rank used it: the all-reduce will
-      // overwrite the view, so keep the values aside.
-      if (!produced) stashed_[index] = grad.clone();
-      if (!comm_hook_) view.div_(pg_->size());  // PyTorch divides in place when grad is the view
-    } else {
-      // Pre-divide while copying (PyTorch's mul by the reciprocal); a hook gets plain gradients.
-      if (!comm_hook_) {
-        at::mul_out(view, grad, inverse_world_);
-      } else {
-        view.copy_(grad);
-      }
-      if (options_.gradient_as_bucket_view() && produced) grad = view;
-    }
+    if (!bucket.contents.defined()) allocate_contents(bucket);  // its first gradient in this backward
+    reduction_->fill(index, parameters_[index].mutable_grad(), bucket.views[slot], produced);
   }
   if (--bucket.pending == 0) launch_ready_buckets();
 }
@@ -397,15 +346,8 @@ void Reducer::launch_ready_buckets() {
 void Reducer::launch(size_t b) {
   if (passthrough_) return;
   Bucket& bucket = buckets_[b];
-  if (sharded_) {
-    if (!bucket.contents.defined()) allocate_contents(bucket);  // a failed backward reached none of its parameters
-    bucket.reduction = start_presummed_reduce_scatter(*pg_, bucket.contents, bucket.shard);
-  } else if (comm_hook_) {
-    GradBucket grad_bucket{b, bucket.contents, bucket.views, bucket.parameters, b + 1 == buckets_.size()};
-    bucket.reduction = comm_hook_(grad_bucket);
-  } else {
-    bucket.reduction = start_presummed_allreduce(*pg_, bucket.contents);
-  }
+  if (!bucket.contents.defined()) allocate_contents(bucket);  // a failed backward reached none of its parameters
+  bucket.reduction = reduction_->launch(b, bucket, b + 1 == buckets_.size());
 }
 
 // Waits for buckets 0..count-1 whatever happens; returns the first failure's message.
@@ -498,30 +440,14 @@ void Reducer::finalize_backward() {
   for (auto& bucket : buckets_) {
     if (!bucket.reduction) continue;
     try {
-      at::Tensor result = bucket.reduction->wait();
-      if (!sharded_ && !result.is_same(bucket.contents)) bucket.contents.copy_(result);
+      reduction_->finish(bucket, bucket.reduction->wait());
     } catch (const std::exception& e) {
       if (failure.empty()) failure = one_line(e);
     }
   }
   TANDEM_CHECK(failure.empty(), failure);
   const std::vector<bool> used_globally = global_use();
-  for (size_t i = 0; i < parameters_.size() && !passthrough_ && !sharded_; ++i) {
-    auto [b, slot] = locator_[i];
-    const at::Tensor& view = buckets_[b].views[slot];
-    if (!used_globally[i]) {
-      if (stashed_[i].defined()) view.copy_(stashed_[i]);  // the view is this parameter's .grad
-      continue;
-    }
-    at::Tensor& grad = parameters_[i].mutable_grad();
-    if (options_.gradient_as_bucket_view()) {
-      if (!grad.defined() || !grad.is_alias_of(view)) grad = view;
-    } else if (grad.defined()) {
-      grad.copy_(view);
-    } else {
-      grad = view.clone();
-    }
-  }
+  if (!passthrough_) reduction_->write_back(buckets_, parameters_, used_globally);
   end_iteration_bookkeeping();
 }
 
@@ -563,7 +489,7 @@ std::vector<bool> Reducer::global_use() {
 }
 
 void Reducer::end_iteration_bookkeeping() {
-  const bool rebuild_allowed = (!options_.find_unused_parameters() || options_.static_graph()) && !sharded_;
+  const bool rebuild_allowed = (!options_.find_unused_parameters() || options_.static_graph()) && !assignment_given_;
   if (rebuild_allowed && iteration_ == 0) rebuild_pending_ = true;  // once: after the first iteration
   ++iteration_;
 }
@@ -576,11 +502,11 @@ void Reducer::reset_iteration() {
   next_bucket_ = 0;
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(used_locally_.begin(), used_locally_.end(), 0);
-  for (auto& stash : stashed_) stash.reset();
+  reduction_->reset();
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.parameters.size();
     bucket.reduction.reset();
-    if (sharded_) {  // Note [Sharded gradients]: the full-size bucket goes once reduced
+    if (!reduction_->keeps_buffers()) {  // the buffer goes once reduced
       bucket.contents.reset();
       bucket.views.clear();
     }

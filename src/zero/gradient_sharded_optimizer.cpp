@@ -12,12 +12,13 @@
 #include "tandem/ddp/options.h"
 #include "tandem/error.h"
 #include "tandem/zero/clip_grad_norm.h"
+#include "zero/reduce_scatter_buckets.h"
 #include "zero/step_guards.h"
 
 namespace tandem::zero {
 GradientShardedOptimizer::GradientShardedOptimizer(torch::optim::Optimizer& optimizer, ddp::Reducer& reducer,
                                                    std::shared_ptr<comm::ProcessGroup> pg)
-    : optimizer_(optimizer), reducer_(reducer), pg_(std::move(pg)), kind_(kind_of(optimizer)) {
+    : optimizer_(optimizer), pg_(std::move(pg)), kind_(kind_of(optimizer)) {
   TANDEM_CHECK(pg_, "ZeRO-2: no process group");
   TANDEM_CHECK(kind_ != OptimizerKind::None,
                "ZeRO-2: this optimizer type is not one ZeRO-2 can step in flat slices (a step that is exact "
@@ -71,12 +72,16 @@ GradientShardedOptimizer::GradientShardedOptimizer(torch::optim::Optimizer& opti
       if (lo < hi) b.mine.push_back(Piece{b.params[k], lo - b.offsets[k], lo - begin, hi - lo});
     }
     b.shard = at::zeros({b.per_rank}, params_[b.params.front()].options()).requires_grad_(true);
+    b.grad = at::zeros({b.per_rank}, params_[b.params.front()].options().requires_grad(false));
     shards_[b.group].push_back(b.shard);
     buckets_.push_back(std::move(b));
   }
   // Last, once nothing above can throw: from here on the reducer keeps no full gradient.
-  reducer.shard_gradients(layout);
-  for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].shard.mutable_grad() = reducer.gradient_shard(b);
+  std::vector<at::Tensor> slices;
+  for (const auto& b : buckets_) slices.push_back(b.grad);
+  reducer.set_bucket_reduction(std::make_unique<detail::ReduceScatterBuckets>(pg_, std::move(slices), reducer.names()),
+                               layout);
+  for (auto& b : buckets_) b.shard.mutable_grad() = b.grad;
   optimizer.state().clear();  // state of the parameters themselves (Adagrad's, or earlier steps')
   for (size_t g = 0; g < all_.size(); ++g) {
     optimizer.param_groups()[g].params() = shards_[g];
@@ -106,7 +111,7 @@ bool GradientShardedOptimizer::step(const std::function<bool(torch::optim::Optim
         bucket.shard.narrow(0, piece.shard_offset, piece.length)
             .copy_(params_[piece.param].view(-1).narrow(0, piece.param_offset, piece.length));
       }
-      bucket.shard.mutable_grad() = reducer_.gradient_shard(b);
+      bucket.shard.mutable_grad() = bucket.grad;
     }
   }
   const bool stepped = agreed_step(*pg_, [&] {
@@ -138,9 +143,10 @@ void GradientShardedOptimizer::gather_parameters() {
 }
 
 void GradientShardedOptimizer::zero_grad() {
-  // The shards' gradients stay the reducer's tensors (a GradScaler unscales them before step()).
+  // The shards' gradients stay the slices the reducer reduce-scatters into (a GradScaler unscales
+  // them before step()).
   at::NoGradGuard no_grad;
-  for (size_t b = 0; b < buckets_.size(); ++b) reducer_.gradient_shard(b).zero_();
+  for (auto& bucket : buckets_) bucket.grad.zero_();
   for (auto& p : params_) p.mutable_grad().reset();
 }
 
@@ -158,7 +164,7 @@ double GradientShardedOptimizer::clip_grad_norm(const std::vector<at::Tensor>& p
     }
     for (size_t b = 0; b < buckets_.size(); ++b) {
       for (const auto& piece : buckets_[b].mine) {
-        if (piece.param == it->second) pieces.push_back(reducer_.gradient_shard(b).narrow(0, piece.shard_offset, piece.length));
+        if (piece.param == it->second) pieces.push_back(buckets_[b].grad.narrow(0, piece.shard_offset, piece.length));
       }
     }
   }

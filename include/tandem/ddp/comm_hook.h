@@ -47,9 +47,5 @@ CommHook bf16_compress_hook(std::shared_ptr<comm::ProcessGroup> pg);
 
 /// The reducer's path without a hook: SUM of an already pre-divided bucket.
 std::unique_ptr<PendingReduction> start_presummed_allreduce(comm::ProcessGroup& pg, at::Tensor bucket);
-/// Its sharded path (Note [Sharded gradients]): the SUM of this rank's slice of a pre-divided,
-/// padded bucket into `shard`, which wait() returns.
-std::unique_ptr<PendingReduction> start_presummed_reduce_scatter(comm::ProcessGroup& pg, at::Tensor bucket,
-                                                                 at::Tensor shard);
 
 }  // namespace tandem::ddp

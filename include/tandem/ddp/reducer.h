@@ -22,25 +22,10 @@
 //   exactly as it was, bucket views included.
 // - A world of one without a communication hook has nothing to exchange: the gradients already
 //   are the average, so no bucket is allocated and no gradient is copied (Note [World of one]).
+// - What a bucket's buffer holds, which collective reduces it and what the gradients become is a
+//   BucketReduction's (Note [Bucket reduction] in bucket_reduction.h): PyTorch DDP's all-reduce
+//   by default, ZeRO-2's reduce-scatter through set_bucket_reduction.
 // - The destructor removes the hooks.
-//
-// Note [Sharded gradients] (ZeRO-2)
-// After shard_gradients(assignment), the reducer keeps only this rank's share of the averaged
-// gradient:
-// - a bucket's flat layout is its parameters back to back, zero-padded to a multiple of the world
-//   size W; rank r owns elements [r*m, (r+1)*m), m = padded / W;
-// - the hook copies a gradient (times 1/W) into the bucket and drops the parameter's .grad, so
-//   the full-size gradient lives only in the buckets, which exist from a bucket's first gradient
-//   of a backward until the end of that backward, when their reduce-scatters are waited for (no
-//   bucket is kept between iterations);
-// - a full bucket is reduce-scattered (SUM) instead of all-reduced, still while backward runs,
-//   into gradient_shard(b), which the next synced backward overwrites;
-// - no .grad is written back: the sharded optimizer steps the shards (zero/gradient_sharded_optimizer.h);
-// - the buckets are the assignment given, never rebuilt (the optimizer's state lives in their
-//   layout); communication hooks, gradient_as_bucket_view, find_unused_parameters,
-//   static_graph and join() are refused;
-// - under no_sync the hooks do nothing, so gradients accumulate whole in .grad as in plain DDP;
-//   the synced backward then moves the accumulated sum into the bucket.
 //
 // Note [Failed backward]
 // When backward raises (a module's backward, a communication hook, a failed collective), the
@@ -63,6 +48,7 @@
 
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/bucket_assignment.h"
+#include "tandem/ddp/bucket_reduction.h"
 #include "tandem/ddp/comm_hook.h"
 #include "tandem/ddp/options.h"
 
@@ -76,8 +62,7 @@ struct Bucket {
   std::vector<size_t> parameters;   // indices into the reducer's parameter list
   at::Tensor contents;              // flat buffer (undefined at a world of one without hook)
   int64_t numel = 0;                // of its parameters
-  int64_t padded = 0;               // numel rounded up to a multiple of the world size (sharded)
-  at::Tensor shard;                 // this rank's averaged slice (Note [Sharded gradients])
+  int64_t padded = 0;               // the buffer's length: numel and the reduction's padding
   std::vector<at::Tensor> views;    // one per parameter, shaped like it
   int64_t size_limit = 0;
   size_t pending = 0;               // slots not yet filled in this backward
@@ -103,14 +88,15 @@ class Reducer {
 
   void register_comm_hook(CommHook hook);
 
-  /// Note [Sharded gradients]: ZeRO-2 from the next backward on. `assignment` lists each bucket's
-  /// parameter indices (every parameter once, one dtype and device per bucket), in launch order.
-  /// Before the first forward; throws tandem::Error for the options it cannot work with.
-  void shard_gradients(const BucketAssignment& assignment);
-  bool shards_gradients() const { return sharded_; }
+  /// Note [Bucket reduction]: `reduction` reduces the buckets from the next backward on, which are
+  /// `assignment`'s (each bucket's parameter indices, every parameter once, one dtype and device per
+  /// bucket, in launch order) and are never rebuilt. Before the first forward; throws
+  /// tandem::Error for an assignment that is none of these, or what `reduction` refuses.
+  void set_bucket_reduction(std::unique_ptr<BucketReduction> reduction, const BucketAssignment& assignment);
+  const BucketReduction& bucket_reduction() const { return *reduction_; }
   const DistributedDataParallelOptions& options() const { return options_; }
-  /// This rank's averaged slice of bucket `b` after the last synced backward (Note [Sharded gradients]).
-  const at::Tensor& gradient_shard(size_t b) const { return buckets_.at(b).shard; }
+  /// Whether the first forward configured the reducer (the buckets' memory, the hook's use).
+  bool configured() const { return configured_; }
 
   /// Note [Join]: this rank has no data left; issue this iteration's collectives with a zero
   /// contribution so that the ranks still training complete theirs. Leaves .grad alone except
@@ -119,6 +105,7 @@ class Reducer {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const std::vector<at::Tensor>& parameters() const { return parameters_; }
+  const std::vector<std::string>& names() const { return names_; }
   /// Parameter indices found unused in the last synced forward.
   const std::vector<size_t>& unused_parameters() const { return unused_; }
   /// How many times the buckets were (re)built: 1 at construction, 2 after the rebuild.
@@ -155,7 +142,7 @@ class Reducer {
   std::vector<std::string> names_;
   std::shared_ptr<comm::ProcessGroup> pg_;
   DistributedDataParallelOptions options_;
-  CommHook comm_hook_;
+  std::unique_ptr<BucketReduction> reduction_;  // Note [Bucket reduction]
   std::shared_ptr<Anchor> anchor_;
   int64_t instance_ = 0;             // this reducer's number in the process, the same on every rank
 
@@ -163,10 +150,9 @@ class Reducer {
   std::vector<std::pair<size_t, size_t>> locator_;  // parameter -> (bucket, slot)
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
   std::vector<uintptr_t> hook_keys_;
-  at::Tensor inverse_world_;         // 1/world_size as a wrapped CPU scalar: no allocation per gradient
   bool passthrough_ = false;         // world of one, no hook: nothing to copy or exchange
   bool configured_ = false;          // decided at the first forward (hooks are registered before it)
-  bool sharded_ = false;             // Note [Sharded gradients]
+  bool assignment_given_ = false;    // set_bucket_reduction's buckets: never rebuilt
 
   std::mutex mutex_;
   bool expect_hooks_ = false;        // armed by a synced forward
@@ -176,7 +162,6 @@ class Reducer {
   size_t next_bucket_ = 0;
   std::vector<bool> ready_;
   std::vector<int32_t> used_locally_;  // 1 where autograd produced the gradient in this backward
-  std::vector<at::Tensor> stashed_;    // unused parameters' gradients that are bucket views
   std::vector<size_t> unused_;
   bool unused_known_ = false;        // static_graph: found once
   std::vector<bool> static_used_globally_;

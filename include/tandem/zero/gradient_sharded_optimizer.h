@@ -2,7 +2,8 @@
 // ZeRO stage 2 (Rajbhandari et al., arXiv:1910.02054): gradients and optimizer state sharded.
 //
 // Note [Flat shards]
-// - DDP's reducer reduce-scatters each bucket (Note [Sharded gradients] in ddp/reducer.h), so a
+// - DDP's reducer reduce-scatters each bucket (Note [Sharded gradients] in
+//   src/zero/reduce_scatter_buckets.h, the reduction this class gives the reducer), so a
 //   rank holds a contiguous 1/W slice of every bucket's flat layout, which may cut a parameter.
 //   This class forms those buckets from the optimizer's param groups (a bucket never mixes two
 //   groups, whose hyper-parameters differ), walking the parameters in reverse order as DDP does,
@@ -60,8 +61,9 @@ class GradientShardedOptimizer : public PartitionedOptimizer {
   void step();
   /// The same through `stepper` (e.g. a GradScaler's step); every rank must agree (checked).
   bool step(const std::function<bool(torch::optim::Optimizer&)>& stepper) override;
-  /// Zeroes the shards' gradients (they stay the reducer's tensors, which the next synced backward
-  /// overwrites) and drops any gradient the parameters hold (accumulated under no_sync).
+  /// Zeroes the shards' gradients (they stay the slices the reducer reduce-scatters into, which the
+  /// next synced backward overwrites) and drops any gradient the parameters hold (accumulated
+  /// under no_sync).
   void zero_grad() override;
   /// torch.nn.utils.clip_grad_norm_ over `parameters`, from every rank's pieces of them in the
   /// shards: returns the total norm (the same on every rank) and scales those pieces' gradients
@@ -97,12 +99,12 @@ class GradientShardedOptimizer : public PartitionedOptimizer {
     std::vector<int64_t> offsets;   // of each in the flat layout
     int64_t padded = 0, per_rank = 0;
     at::Tensor shard;               // this rank's slice: the optimizer's parameter
+    at::Tensor grad;                // its averaged gradient, which the reducer reduce-scatters into
     std::vector<Piece> mine;
   };
   void gather_parameters();
 
   torch::optim::Optimizer& optimizer_;
-  ddp::Reducer& reducer_;
   std::shared_ptr<comm::ProcessGroup> pg_;
   OptimizerKind kind_;
   std::vector<at::Tensor> params_;                // the reducer's parameters
