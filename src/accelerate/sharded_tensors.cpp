@@ -11,19 +11,11 @@
 namespace tandem::accelerate {
 namespace {
 
-int64_t rows_in(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape[0]; }
-
 std::string base_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
 std::string shape_text(const std::vector<int64_t>& shape) { return c10::str(c10::IntArrayRef(shape)); }
 
 }  // namespace
-
-std::vector<int64_t> rows_shape(std::vector<int64_t> shape, int64_t count) {
-  if (shape.empty()) return {count};
-  shape[0] = count;
-  return shape;
-}
 
 std::vector<std::string> model_files(const nlohmann::json& state, size_t model) {
   if (!state.contains("model_files")) return {"model_" + std::to_string(model) + ".safetensors"};
@@ -86,22 +78,20 @@ ShardedTensors::ShardedTensors(const std::vector<std::string>& paths, std::strin
         TANDEM_CHECK(valid, where_, ": ", file, ": the rows of '", entry.name,
                      "' are not [first row, [whole shape]]");
         // The piece is [n, shape[1:]...] (a 0-d tensor's rows: [n]) and lies within the rows.
-        std::vector<int64_t> expected = shape;
-        if (expected.empty()) expected = {entry.shape.empty() ? -1 : entry.shape[0]};
-        else if (!entry.shape.empty()) expected[0] = entry.shape[0];
-        TANDEM_CHECK(entry.shape.size() == expected.size() && entry.shape == expected && first <= rows_in(shape) &&
-                         entry.shape[0] <= rows_in(shape) - first,
+        const std::vector<int64_t> expected = comm::rows_shape(shape, entry.shape.empty() ? -1 : entry.shape[0]);
+        TANDEM_CHECK(entry.shape.size() == expected.size() && entry.shape == expected &&
+                         first <= comm::row_count(shape) && entry.shape[0] <= comm::row_count(shape) - first,
                      where_, ": ", file, ": '", entry.name, "' is ", shape_text(entry.shape), " from row ", first,
                      ", which is not rows of a ", shape_text(shape), " tensor");
       }
-      const int64_t n = rows.contains(entry.name) ? entry.shape[0] : rows_in(shape);
+      const int64_t n = rows.contains(entry.name) ? entry.shape[0] : comm::row_count(shape);
       auto [it, fresh] = tensors_.try_emplace(entry.name, Tensor{shape, entry.dtype, f, {}});
       TANDEM_CHECK(it->second.shape == shape && it->second.dtype == entry.dtype, where_, ": '", entry.name, "' is ",
                    c10::toString(entry.dtype), shape_text(shape), " in ", file, " but ", c10::toString(it->second.dtype),
                    shape_text(it->second.shape), " in ", base_name(files_[it->second.first_file].path),
                    ": files of two checkpoints mixed?");
       (void)fresh;
-      if (n > 0 || rows_in(shape) == 0) it->second.pieces.push_back({f, e, first, n});
+      if (n > 0 || comm::row_count(shape) == 0) it->second.pieces.push_back({f, e, first, n});
     }
   }
   for (auto& [name, tensor] : tensors_) {
@@ -119,8 +109,8 @@ ShardedTensors::ShardedTensors(const std::vector<std::string>& paths, std::strin
                    " are in no file: a shard is missing");
       next = p.first_row + p.rows;
     }
-    TANDEM_CHECK(next == rows_in(tensor.shape), where_, ": '", name, "' rows ", next, " to ", rows_in(tensor.shape),
-                 " are in no file: a shard is missing");
+    TANDEM_CHECK(next == comm::row_count(tensor.shape), where_, ": '", name, "' rows ", next, " to ",
+                 comm::row_count(tensor.shape), " are in no file: a shard is missing");
   }
 }
 
@@ -149,8 +139,8 @@ const std::string& ShardedTensors::file_of(const std::string& name) const {
 
 at::Tensor ShardedTensors::rows(const std::string& name, int64_t first, int64_t count) const {
   const Tensor& t = find(name);
-  TANDEM_CHECK(first >= 0 && count >= 0 && first + count <= rows_in(t.shape), where_, ": '", name, "' has ",
-               rows_in(t.shape), " rows; rows ", first, " to ", first + count, " were asked for");
+  TANDEM_CHECK(first >= 0 && count >= 0 && first + count <= comm::row_count(t.shape), where_, ": '", name, "' has ",
+               comm::row_count(t.shape), " rows; rows ", first, " to ", first + count, " were asked for");
   at::Tensor out = at::empty(rows_shape(t.shape, count), at::TensorOptions().dtype(t.dtype));
   for (const Piece& p : t.pieces) {
     const int64_t lo = std::max(first, p.first_row), hi = std::min(first + count, p.first_row + p.rows);
@@ -164,7 +154,7 @@ at::Tensor ShardedTensors::rows(const std::string& name, int64_t first, int64_t 
 
 at::Tensor ShardedTensors::whole(const std::string& name) const {
   const Tensor& t = find(name);
-  return rows(name, 0, rows_in(t.shape)).reshape(t.shape);
+  return rows(name, 0, comm::row_count(t.shape)).reshape(t.shape);
 }
 
 }  // namespace tandem::accelerate

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/accelerate/safetensors.h"
+#include "tandem/comm/shard_layout.h"
 
 namespace tandem::accelerate {
 
@@ -37,9 +38,8 @@ struct RowPiece {
   std::vector<int64_t> whole_shape;
 };
 
-/// The shape of `count` rows of a tensor of `shape`: [count, shape[1:]...] (a 0-d tensor is one
-/// row: [count]).
-std::vector<int64_t> rows_shape(std::vector<int64_t> shape, int64_t count);
+/// The shape of `count` rows of a tensor of `shape` (the row rule's, comm/shard_layout.h).
+using comm::rows_shape;
 
 /// The files that hold model `model`'s tensors, by a checkpoint's state.json: its "model_files"
 /// entry, or model_<m>.safetensors in checkpoints written before sharded models existed.

@@ -575,8 +575,8 @@ std::optional<ShardSpec> Engine::spec_of(const at::Tensor& parameter) const {
   auto it = s_->where.find(parameter.unsafeGetTensorImpl());
   if (it == s_->where.end()) return std::nullopt;
   const auto& slot = s_->units[it->second.first]->slots()[it->second.second];
-  return ShardSpec{slot.shape, slot.rows, slot.row_numel, slot.chunk_rows,
-                   std::min(slot.rows, s_->pg->rank() * slot.chunk_rows), slot.owned_rows};
+  return ShardSpec{slot.cut.shape, slot.cut.rows, slot.cut.row_numel, slot.cut.chunk_rows(),
+                   slot.cut.first_row(s_->pg->rank()), slot.owned_rows};
 }
 
 void Engine::load_shards(const std::vector<std::pair<std::string, at::Tensor>>& rows) {
@@ -590,7 +590,8 @@ void Engine::load_shards(const std::vector<std::pair<std::string, at::Tensor>>& 
     for (auto& slot : unit->slots()) {
       auto it = by_name.find(slot.name);
       if (it == by_name.end() || slot.owned_rows == 0) continue;
-      slot.shard.view({slot.owned_rows, slot.row_numel}).copy_(it->second->reshape({slot.owned_rows, slot.row_numel}));
+      slot.shard.view({slot.owned_rows, slot.cut.row_numel})
+          .copy_(it->second->reshape({slot.owned_rows, slot.cut.row_numel}));
     }
   }
 }

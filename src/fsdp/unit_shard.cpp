@@ -39,26 +39,21 @@ UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Te
     Slot slot;
     slot.name = param_name;
     slot.param = param;
-    slot.shape = param.sizes().vec();
-    slot.rows = param.dim() == 0 ? 1 : param.size(0);
-    slot.row_numel = slot.rows == 0 ? 0 : param.numel() / slot.rows;
-    slot.chunk_rows = (slot.rows + world_ - 1) / world_;
-    slot.owned_rows = std::max<int64_t>(0, std::min(slot.rows, (rank_ + 1) * slot.chunk_rows) - rank_ * slot.chunk_rows);
+    slot.cut = comm::RowShardLayout::of(param.sizes().vec(), world_);
+    slot.owned_rows = slot.cut.owned_rows(rank_);
     slot.offset = per_rank_;
-    per_rank_ += slot.chunk_rows * slot.row_numel;
+    per_rank_ += slot.cut.chunk_numel();
     slots_.push_back(std::move(slot));
   }
   local_ = at::zeros({per_rank_}, options);
   compute_ = policy.param_dtype().value_or(local_.scalar_type());
   reduce_ = policy.reduce_dtype().value_or(compute_);
   for (auto& slot : slots_) {
-    const int64_t first = rank_ * slot.chunk_rows;
-    std::vector<int64_t> shard_shape = slot.shape.empty() ? std::vector<int64_t>{1} : slot.shape;
-    shard_shape[0] = slot.owned_rows;
-    at::Tensor mine = tandem::detail::storage_alias(local_, slot.offset, shard_shape);
+    at::Tensor mine = tandem::detail::storage_alias(local_, slot.offset, slot.cut.owned_shape(rank_));
     if (slot.owned_rows > 0) {
-      at::Tensor whole = slot.param.detach().reshape({slot.rows, slot.row_numel});
-      mine.view({slot.owned_rows, slot.row_numel}).copy_(whole.narrow(0, first, slot.owned_rows));
+      at::Tensor whole = slot.param.detach().reshape({slot.cut.rows, slot.cut.row_numel});
+      mine.view({slot.owned_rows, slot.cut.row_numel})
+          .copy_(whole.narrow(0, slot.cut.first_row(rank_), slot.owned_rows));
     }
     // A leaf of its own (the optimizer's parameter) that shares the buffer's storage.
     slot.shard = mine.requires_grad_(slot.param.requires_grad());
@@ -72,7 +67,7 @@ UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Te
 void UnitShard::take_placeholders() {
   at::NoGradGuard no_grad;
   const at::Tensor nothing = at::zeros({}, local_.options().dtype(compute_));
-  for (auto& slot : slots_) slot.param.set_data(nothing.expand(slot.shape));
+  for (auto& slot : slots_) slot.param.set_data(nothing.expand(slot.cut.shape));
 }
 
 int64_t UnitShard::gathered_bytes() const {
@@ -81,7 +76,7 @@ int64_t UnitShard::gathered_bytes() const {
 
 int64_t UnitShard::unsharded_numel() const {
   int64_t n = 0;
-  for (const auto& slot : slots_) n += slot.rows * slot.row_numel;
+  for (const auto& slot : slots_) n += slot.cut.rows * slot.cut.row_numel;
   return n;
 }
 
@@ -168,19 +163,19 @@ std::vector<at::Tensor> UnitShard::whole_parameters() {
 
 void UnitShard::unpack(const at::Tensor& rank_major, const at::Tensor& into) const {
   for (const auto& slot : slots_) {
-    const int64_t chunk = slot.chunk_rows * slot.row_numel;
+    const int64_t chunk = slot.cut.chunk_numel();
     if (chunk == 0) continue;
     into.narrow(0, world_ * slot.offset, world_ * chunk).view({world_, chunk}).copy_(rank_major.narrow(1, slot.offset, chunk));
   }
 }
 
 at::Tensor UnitShard::whole_in(const at::Tensor& unpacked, const Slot& slot) const {
-  return unpacked.narrow(0, world_ * slot.offset, slot.rows * slot.row_numel).view(slot.shape);
+  return unpacked.narrow(0, world_ * slot.offset, slot.cut.rows * slot.cut.row_numel).view(slot.cut.shape);
 }
 
 std::string UnitShard::replaced_parameter() const {
   for (const auto& slot : slots_) {
-    const bool expected = gathered_ ? slot.param.sizes() == at::IntArrayRef(slot.shape) : slot.param.numel() == 0;
+    const bool expected = gathered_ ? slot.param.sizes() == at::IntArrayRef(slot.cut.shape) : slot.param.numel() == 0;
     if (!expected) return slot.name;
   }
   return "";
@@ -199,20 +194,19 @@ void UnitShard::start_reduce() {
     at::Tensor grad = slot.param.grad();
     at::Tensor flat = grad.defined() ? grad.reshape({-1}) : at::Tensor();
     for (int64_t r = 0; r < world_; ++r) {
-      const int64_t first = r * slot.chunk_rows;
-      const int64_t owned = std::max<int64_t>(0, std::min(slot.rows, first + slot.chunk_rows) - first);
-      at::Tensor chunk = rank_major[r].narrow(0, slot.offset, slot.chunk_rows * slot.row_numel);
+      const int64_t first = slot.cut.first_row(r), owned = slot.cut.owned_rows(r), row = slot.cut.row_numel;
+      at::Tensor chunk = rank_major[r].narrow(0, slot.offset, slot.cut.chunk_numel());
       if (flat.defined() && owned > 0) {
         // × 1/W while copying, as DDP's reducer does: the same rounding as DDP's average.
-        at::Tensor into = chunk.narrow(0, 0, owned * slot.row_numel);
-        at::Tensor mine = flat.narrow(0, first * slot.row_numel, owned * slot.row_numel);
+        at::Tensor into = chunk.narrow(0, 0, owned * row);
+        at::Tensor mine = flat.narrow(0, first * row, owned * row);
         if (mine.scalar_type() == reduce_) {
           at::mul_out(into, mine, inverse_world_);
         } else {  // into the reduce dtype first: the average is taken in it, as FSDP2 takes it
           into.copy_(mine);
           into.mul_(inverse_world_);
         }
-        chunk.narrow(0, owned * slot.row_numel, (slot.chunk_rows - owned) * slot.row_numel).zero_();
+        chunk.narrow(0, owned * row, (slot.cut.chunk_rows() - owned) * row).zero_();
       } else {
         chunk.zero_();
       }

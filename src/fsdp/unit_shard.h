@@ -36,6 +36,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "tandem/comm/process_group.h"
+#include "tandem/comm/shard_layout.h"
 #include "tandem/fsdp/mixed_precision.h"
 
 namespace tandem::fsdp::detail {
@@ -45,8 +46,8 @@ class UnitShard {
   struct Slot {
     std::string name;              // relative to the wrapped root
     at::Tensor param;              // the module's tensor
-    std::vector<int64_t> shape;    // its global shape
-    int64_t rows = 0, row_numel = 0, chunk_rows = 0, owned_rows = 0;
+    comm::RowShardLayout cut;      // its global shape, cut along dim 0 over the group
+    int64_t owned_rows = 0;        // this rank's: cut.owned_rows(rank)
     int64_t offset = 0;            // of its shard in the rank's flat buffer
     at::Tensor shard;              // leaf: this rank's owned rows
   };

@@ -14,6 +14,7 @@
 #include <torch/nn/module.h>
 
 #include "tandem/comm/process_group.h"
+#include "tandem/comm/shard_layout.h"
 #include "tandem/fsdp/options.h"
 
 namespace tandem::fsdp {
@@ -52,12 +53,7 @@ struct ShardSpec {
   std::vector<int64_t> shape;
   int64_t rows = 0, row_numel = 0, chunk_rows = 0, first_row = 0, owned_rows = 0;
   /// The shape of this rank's rows: [owned_rows, shape[1:]...] (a 0-d parameter is one row: [owned_rows]).
-  std::vector<int64_t> owned_shape() const {
-    std::vector<int64_t> out = shape;
-    if (out.empty()) return {owned_rows};
-    out[0] = owned_rows;
-    return out;
-  }
+  std::vector<int64_t> owned_shape() const { return comm::rows_shape(shape, owned_rows); }
 };
 
 namespace detail {
