@@ -29,8 +29,8 @@
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/comm_hook.h"
 #include "tandem/ddp/options.h"
-#include "tandem/ddp/output_tensors.h"
 #include "tandem/ddp/reducer.h"
+#include "tandem/output_tensors.h"
 
 namespace tandem::ddp {
 namespace detail {
@@ -113,7 +113,7 @@ class DistributedDataParallelImpl : public torch::nn::Module {
     auto output = module_->forward(std::forward<Args>(args)...);
     if (synced) {
       std::vector<at::Tensor> tensors;
-      const bool complete = detail::OutputTensors<decltype(output)>::collect(output, tensors);
+      const bool complete = tandem::detail::OutputTensors<decltype(output)>::collect(output, tensors);
       core_->post_forward(tensors, complete, c10::demangle_type<decltype(output)>());
     }
     return output;

@@ -28,12 +28,12 @@
 
 #include "tandem/comm/device_mesh.h"
 #include "tandem/comm/process_group.h"
-#include "tandem/ddp/output_tensors.h"
 #include "tandem/fsdp/auto_wrap.h"
 #include "tandem/fsdp/engine.h"
 #include "tandem/fsdp/forward_cast.h"
 #include "tandem/fsdp/options.h"
 #include "tandem/fsdp/unit.h"
+#include "tandem/output_tensors.h"
 
 namespace tandem::fsdp {
 
@@ -98,7 +98,7 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
       auto output = module_->forward(detail::cast_argument(std::forward<Args>(args), dtype)...);
       detail::cast_output(output, engine_->output_dtype());
       std::vector<at::Tensor> tensors;
-      const bool complete = ddp::detail::OutputTensors<decltype(output)>::collect(output, tensors);
+      const bool complete = tandem::detail::OutputTensors<decltype(output)>::collect(output, tensors);
       engine_->root_post_forward(tensors, complete);
       return output;
     } catch (...) {

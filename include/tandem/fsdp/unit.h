@@ -27,8 +27,8 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/pimpl.h>
 
-#include "tandem/ddp/output_tensors.h"
 #include "tandem/fsdp/forward_cast.h"
+#include "tandem/output_tensors.h"
 
 namespace tandem::fsdp {
 namespace detail {
@@ -67,7 +67,7 @@ class UnitImpl : public torch::nn::Module {
     detail::cast_output(output, detail::output_dtype(*engine));
     {
       std::vector<at::Tensor> tensors;
-      const bool complete = ddp::detail::OutputTensors<R>::collect(output, tensors);
+      const bool complete = tandem::detail::OutputTensors<R>::collect(output, tensors);
       detail::unit_post_forward(*engine, index_, tensors, complete);
     }
     return output;

@@ -1,7 +1,7 @@
 #pragma once
 // The tensors of a module's forward output, whatever its type (a tensor, a tuple, a vector...):
 // DDP looks into them for find_unused_parameters and to notice that backward started, FSDP to
-// hook each unit's backward.
+// hook each unit's backward. Internal to the wrappers' templates (not API).
 #include <optional>
 #include <string>
 #include <tuple>
@@ -11,11 +11,11 @@
 
 #include <ATen/ATen.h>
 
-namespace tandem::ddp::detail {
+namespace tandem::detail {
 
 // collect() appends the tensors and returns false when part of the value could not be looked into.
 template <typename T>
-struct OutputTensors {  // numbers and strings hold no tensor; any other type is opaque to DDP
+struct OutputTensors {  // numbers and strings hold no tensor; any other type is opaque to the wrappers
   static bool collect(const T&, std::vector<at::Tensor>&) {
     return std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_same_v<T, std::string>;
   }
@@ -57,4 +57,4 @@ struct OutputTensors<std::pair<A, B>> {
   }
 };
 
-}  // namespace tandem::ddp::detail
+}  // namespace tandem::detail
