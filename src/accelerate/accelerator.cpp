@@ -21,6 +21,8 @@
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/host_allocator.h"
 #include "tandem/zero/clip_grad_norm.h"
+#include "tandem/zero/gradient_sharded_optimizer.h"
+#include "tandem/zero/sharded_optimizer.h"
 
 namespace tandem {
 
@@ -72,14 +74,17 @@ void Accelerator::initialize() {
   if (!pg_ && (world_.world_size > 1 || strategy_ == Strategy::Ddp || strategy_ == Strategy::Fsdp)) {
     pg_ = comm::ProcessGroup::create(world_, comm::ProcessGroupOptions().timeout(options_.collective_timeout()));
   }
+  if (plan_.hybrid()) {
+    mesh_.emplace(pg_, std::vector<int64_t>{plan_.replicate, plan_.shard}, std::vector<std::string>{"replicate", "shard"});
+  }
   torch::manual_seed(options_.seed() + static_cast<uint64_t>(world_.rank));
   if (options_.mixed_precision() == Precision::Fp16) {
     scaler_ = pg_ ? std::make_unique<amp::GradScaler>(pg_, options_.scaler())
                   : std::make_unique<amp::GradScaler>(options_.scaler());
   }
-  print("tandem: strategy %s (%s), device %s, mixed precision %s, %d process%s\n", to_string(strategy_),
+  print("tandem: strategy %s (%s), device %s, mixed precision %s, %d process%s%s\n", to_string(strategy_),
         reason_.c_str(), device_.str().c_str(), to_string(options_.mixed_precision()), world_.world_size,
-        world_.world_size == 1 ? "" : "es");
+        world_.world_size == 1 ? "" : "es", plan_.hybrid() ? (" as " + plan_.describe()).c_str() : "");
 }
 
 Accelerator::~Accelerator() = default;
@@ -90,8 +95,11 @@ void Accelerator::choose_strategy() {
   const std::string launched = std::to_string(processes) + " process" + (processes == 1 ? "" : "es") +
                                (processes > 1 ? std::string(" launched by ") + comm::to_string(world_.source) : "");
   const std::string gpu_text = gpus == 0 ? "no GPU" : std::to_string(gpus) + " GPU" + (gpus == 1 ? "" : "s");
-  strategy_ = options_.strategy();
-  if (strategy_ == Strategy::Auto) {
+  plan_ = plan_parallelism(options_.parallelism(), options_.strategy(), processes);
+  strategy_ = plan_.strategy;
+  if (options_.strategy() == Strategy::Auto && strategy_ == Strategy::Fsdp) {
+    reason_ = "auto: shard_size " + std::to_string(options_.parallelism().shard_size()) + "; " + launched;
+  } else if (strategy_ == Strategy::Auto) {
     if (processes > 1) {
       strategy_ = Strategy::Ddp;
       reason_ = "auto: " + launched;
@@ -114,6 +122,7 @@ void Accelerator::choose_strategy() {
   TANDEM_CHECK(options_.zero_stage() == 0 || strategy_ != Strategy::DataParallel, "Accelerator: zero_stage ",
                options_.zero_stage(), " shards the optimizer across processes, and DataParallel runs in one: start "
                "one process per device (tandem run --nproc-per-node N) with Strategy::Ddp, or use zero_stage 0");
+  plan_.strategy = strategy_;
   device_ = gpus > 0 ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
                                                    strategy_ == Strategy::DataParallel ? 0 : world_.local_rank))
                      : c10::Device(c10::kCPU);
@@ -121,6 +130,7 @@ void Accelerator::choose_strategy() {
 
 fsdp::FullyShardOptions Accelerator::fsdp_options(torch::nn::Module& model) const {
   fsdp::FullyShardOptions options = options_.fsdp();
+  if (mesh_) options.replicate_group(mesh_->group("replicate"));  // HSDP
   if (!options.auto_wrap() && !fsdp::detail::has_units(model)) options.auto_wrap(fsdp::AutoWrapPolicy());
   // accelerate's FSDP2 plugin: mixed_precision gathers, computes and reduces in its dtype (autocast
   // still applies on top); a param_dtype of the user's own wins, float32 gathers whole precision.
@@ -185,8 +195,7 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   // One process has nothing to shard: the optimizer stays whole (whatever the strategy, so that
   // its checkpoints load under Single and Ddp alike).
   const bool shard = options_.zero_stage() >= 1 && pg_ && pg_->size() > 1 && strategy_ == Strategy::Ddp;
-  std::unique_ptr<zero::ShardedOptimizer> sharded;  // may throw: nothing kept
-  std::unique_ptr<zero::PartitionedOptimizer> flat;
+  std::unique_ptr<zero::DistributedOptimizer> prepared;  // may throw: nothing kept
   if (strategy_ == Strategy::Fsdp) {
     // FSDP: the optimizer steps the shards of the model whose parameters it holds.
     std::shared_ptr<fsdp::detail::Engine> engine;
@@ -199,10 +208,10 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
     }
     TANDEM_CHECK(engine, "prepare_optimizer: under Strategy::Fsdp the optimizer steps the shards of a prepared "
                          "model: prepare that model (prepare_model) before its optimizer");
-    flat = std::make_unique<fsdp::FsdpOptimizer>(optimizer, engine);
-  }
-  if (shard && options_.zero_stage() == 1) sharded = std::make_unique<zero::ShardedOptimizer>(optimizer, pg_);
-  if (shard && options_.zero_stage() == 2) {
+    prepared = std::make_unique<fsdp::FsdpOptimizer>(optimizer, engine);
+  } else if (shard && options_.zero_stage() == 1) {
+    prepared = std::make_unique<zero::ShardedOptimizer>(optimizer, data_parallel_group());
+  } else if (shard && options_.zero_stage() == 2) {
     // ZeRO-2 shards in the reducer of the model whose parameters the optimizer holds.
     ddp::Reducer* reducer = nullptr;
     const void* first = optimizer.param_groups().empty() || optimizer.param_groups()[0].params().empty()
@@ -216,27 +225,23 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
     }
     TANDEM_CHECK(reducer, "prepare_optimizer: zero_stage 2 shards gradients in the DDP of the model the optimizer "
                           "trains: prepare that model (prepare_model) before its optimizer");
-    flat = std::make_unique<zero::GradientShardedOptimizer>(optimizer, *reducer, pg_);
+    prepared = std::make_unique<zero::GradientShardedOptimizer>(optimizer, *reducer, data_parallel_group());
+  } else {
+    prepared = std::make_unique<zero::WholeOptimizer>(optimizer);
   }
-  optimizers_.push_back(&optimizer);
-  sharded_.push_back(std::move(sharded));
-  flat_.push_back(std::move(flat));
+  optimizers_.push_back(std::move(prepared));
 }
 
 std::optional<size_t> Accelerator::index_of(const torch::optim::Optimizer& optimizer) const {
-  auto it = std::find(optimizers_.begin(), optimizers_.end(), &optimizer);
-  if (it == optimizers_.end()) return std::nullopt;
-  return static_cast<size_t>(it - optimizers_.begin());
+  for (size_t o = 0; o < optimizers_.size(); ++o) {
+    if (&optimizers_[o]->optimizer() == &optimizer) return o;
+  }
+  return std::nullopt;
 }
 
-zero::PartitionedOptimizer* Accelerator::flat_of(const torch::optim::Optimizer& optimizer) const {
+zero::DistributedOptimizer* Accelerator::prepared_of(const torch::optim::Optimizer& optimizer) const {
   const auto o = index_of(optimizer);
-  return o ? flat_[*o].get() : nullptr;
-}
-
-zero::ShardedOptimizer* Accelerator::sharded_of(const torch::optim::Optimizer& optimizer) const {
-  const auto o = index_of(optimizer);
-  return o ? sharded_[*o].get() : nullptr;
+  return o ? optimizers_[*o].get() : nullptr;
 }
 
 data::DistributedSamplerOptions Accelerator::sampler_options(bool shuffle) const {
@@ -285,27 +290,27 @@ bool Accelerator::step(torch::optim::Optimizer& optimizer) {
   if (!sync_gradients_) return false;
   // The scaler (fp16) or a plain step; a sharded optimizer then hands every owner's update round.
   auto stepper = [this](torch::optim::Optimizer& o) { return amp::step_optimizer(o, scaler_.get()); };
-  zero::ShardedOptimizer* sharded = sharded_of(optimizer);
-  zero::PartitionedOptimizer* flat = flat_of(optimizer);
-  const bool stepped = sharded ? sharded->step(stepper) : flat ? flat->step(stepper) : stepper(optimizer);
+  zero::DistributedOptimizer* prepared = prepared_of(optimizer);
+  const bool stepped = prepared ? prepared->step(stepper) : stepper(optimizer);
   if (scaler_) {
     // One update per iteration, once every prepared optimizer has stepped.
     bool all_stepped = true;
-    for (auto* o : optimizers_) all_stepped = all_stepped && scaler_->state_of(*o) == amp::OptState::Stepped;
+    for (const auto& o : optimizers_) {
+      all_stepped = all_stepped && scaler_->state_of(o->optimizer()) == amp::OptState::Stepped;
+    }
     if (all_stepped) scaler_->update();
   }
   step_skipped_ = !stepped;
   // One step per iteration, however many optimizers (the first prepared one counts).
-  if (optimizers_.empty() || &optimizer == optimizers_.front()) ++completed_steps_;
+  if (optimizers_.empty() || &optimizer == &optimizers_.front()->optimizer()) ++completed_steps_;
   return stepped;
 }
 
 void Accelerator::zero_grad(torch::optim::Optimizer& optimizer) {
   if (!sync_gradients_) return;
-  if (zero::ShardedOptimizer* sharded = sharded_of(optimizer)) {
-    sharded->zero_grad();  // every parameter's, not only the ones this process owns
-  } else if (zero::PartitionedOptimizer* flat = flat_of(optimizer)) {
-    flat->zero_grad();
+  // Every parameter's gradient, also those of parameters a sharded optimizer does not hold.
+  if (zero::DistributedOptimizer* prepared = prepared_of(optimizer)) {
+    prepared->zero_grad();
   } else {
     optimizer.zero_grad();
   }
@@ -315,27 +320,22 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
   if (!sync_gradients_) return 0.0;
   // Unscale once, here; step() sees the optimizer already unscaled (accelerate#641 unscaled twice).
   if (scaler_) {
-    for (auto* optimizer : optimizers_) {
-      if (scaler_->state_of(*optimizer) == amp::OptState::Ready) scaler_->unscale(*optimizer);
+    for (const auto& o : optimizers_) {
+      if (scaler_->state_of(o->optimizer()) == amp::OptState::Ready) scaler_->unscale(o->optimizer());
     }
   }
-  std::vector<zero::PartitionedOptimizer*> flat;
-  for (const auto& f : flat_) {
-    if (f) flat.push_back(f.get());
+  // One optimizer (the common case) clips its own way; several: each gradient counted where its
+  // optimizer keeps it (ZeRO-1's owners, rank 0 for whole ones). Gradients split into pieces
+  // (ZeRO-2, FSDP) are each optimizer's own, so one norm over several of them is refused.
+  if (optimizers_.size() == 1) return optimizers_.front()->clip_grad_norm(parameters, max_norm, norm_type);
+  std::vector<const zero::DistributedOptimizer*> owners;
+  for (const auto& o : optimizers_) {
+    TANDEM_CHECK(!o->partitioned(), "clip_grad_norm: under zero_stage 2 or FSDP with several optimizers the gradients "
+                                    "of each are sharded apart; clip with one prepared optimizer");
+    if (o->state_layout() == zero::DistributedOptimizer::StateLayout::ByParameter) owners.push_back(o.get());
   }
-  if (!flat.empty()) {
-    // Stage 2 and FSDP: the gradients are the shards (the parameters hold none); the norm is over
-    // the given parameters' pieces of them.
-    TANDEM_CHECK(flat.size() == 1, "clip_grad_norm: under zero_stage 2 or FSDP with several optimizers the gradients "
-                                   "of each are sharded apart; clip with one prepared optimizer");
-    return flat.front()->clip_grad_norm(parameters, max_norm, norm_type);
-  }
-  std::vector<const zero::ShardedOptimizer*> sharded;
-  for (const auto& s : sharded_) {
-    if (s) sharded.push_back(s.get());
-  }
-  if (sharded.empty()) return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
-  return zero::clip_grad_norm(parameters, sharded, *pg_, max_norm, norm_type);
+  if (owners.empty()) return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+  return zero::clip_grad_norm(parameters, owners, *pg_, max_norm, norm_type);
 }
 
 // ---- utilities ------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@
 #include "tandem/accelerate/checkpoint_dir.h"
 #include "tandem/accelerate/safetensors.h"
 #include "tandem/error.h"
-#include "tandem/fsdp/fsdp_optimizer.h"
+#include "tandem/zero/partitioned_optimizer.h"
 
 namespace tandem {
 
@@ -175,17 +175,15 @@ std::vector<Accelerator::NamedTensors> Accelerator::model_identities() const {
 }
 
 std::vector<std::vector<at::Tensor>> Accelerator::optimizer_groups(size_t o) const {
-  if (sharded_[o]) return sharded_[o]->all_params();
-  if (flat_[o]) return flat_[o]->all_params();
-  std::vector<std::vector<at::Tensor>> groups;
-  for (const auto& g : optimizers_[o]->param_groups()) groups.push_back(g.params());
-  return groups;
+  return optimizers_[o]->all_params();
 }
 
 std::vector<at::Tensor> Accelerator::held_parameters(size_t o) const {
   std::vector<at::Tensor> held;
+  const auto& prepared = *optimizers_[o];
+  const bool by_parameter = prepared.state_layout() == zero::DistributedOptimizer::StateLayout::ByParameter;
   for (const auto& p : flatten(optimizer_groups(o))) {
-    if (!sharded_[o] || sharded_[o]->owner_of(p) == world_.rank) held.push_back(p);
+    if (!by_parameter || prepared.owner_of(p) == data_parallel_group()->rank()) held.push_back(p);
   }
   return held;
 }
@@ -197,7 +195,9 @@ std::vector<at::Tensor> Accelerator::held_parameters(size_t o) const {
 // size and under any strategy reads the rows it needs from whichever files hold them. The files
 // travel to the main process one rank at a time (send_to_main), so saving needs no shared file
 // system and the main process never holds more than two ranks' shards. Whole models (DDP, ZeRO,
-// one process) keep one model_<m>.safetensors, written by the main process.
+// one process) keep one model_<m>.safetensors, written by the main process. Under HSDP the
+// replicas hold the same rows: only the first replica's processes write theirs (writes_rows()),
+// the others' files hold none, so the pieces still tile every tensor once.
 std::string Accelerator::save_state(const std::string& root) {
   // Accumulated gradients are not part of a checkpoint: a save between synchronisations would
   // resume differently, silently. (The condition is the same on every rank.)
@@ -241,7 +241,7 @@ std::string Accelerator::save_state(const std::string& root) {
         const auto& slot = layout[i];
         // Whole tensors (buffers) and tensors of no rows at all (one empty piece): rank 0's.
         const bool empty = !slot.shape.empty() && slot.shape[0] == 0;
-        if (slot.count > 0 || (world_.rank == 0 && (slot.count < 0 || empty))) {
+        if ((slot.count > 0 && writes_rows()) || (world_.rank == 0 && (slot.count < 0 || empty))) {
           pieces.push_back({slot.name, held[i].second, slot.first_row, slot.shape});
         }
       }
@@ -258,13 +258,15 @@ std::string Accelerator::save_state(const std::string& root) {
   const auto identities = model_identities();
   nlohmann::json optimizer_state = nlohmann::json::array();
   for (size_t o = 0; o < optimizers_.size(); ++o) {
-    auto& optimizer = *optimizers_[o];
+    auto& optimizer = optimizers_[o]->optimizer();
+    zero::PartitionedOptimizer* pieces = optimizers_[o]->partitioned();
+    const auto layout = optimizers_[o]->state_layout();
     const auto groups = optimizer_groups(o);
     const auto names = names_for(identities, groups);
     const bool named = !accelerate::named_optimizer_type(optimizer).empty();
     nlohmann::json entry = named ? accelerate::describe_optimizer(optimizer, groups, names) : nlohmann::json{{"type", ""}};
-    auto* rows = dynamic_cast<fsdp::FsdpOptimizer*>(flat_[o].get());
-    const bool sharded = sharded_[o] || rows;
+    const bool rows = layout == zero::DistributedOptimizer::StateLayout::ByRows;
+    const bool sharded = layout != zero::DistributedOptimizer::StateLayout::Whole;
     entry["sharded"] = sharded;
     entry["files"] = nlohmann::json::array();
     if (sharded) {
@@ -274,13 +276,13 @@ std::string Accelerator::save_state(const std::string& root) {
                                                        {{"format", "pt"}})
                        : optimizer_bytes(optimizer);
         }
-        std::vector<accelerate::RowPiece> pieces;
-        for (auto& owned : rows->owned_state()) {
-          if (owned.key == "step" && world_.rank != 0) continue;  // the same on every rank
-          pieces.push_back({names.at(owned.param.unsafeGetTensorImpl()) + "." + owned.key, owned.rows, owned.first_row,
-                            owned.key == "step" ? owned.rows.sizes().vec() : owned.whole_shape});
+        std::vector<accelerate::RowPiece> row_pieces;
+        for (auto& owned : pieces->owned_state()) {
+          if (owned.key == "step" ? world_.rank != 0 : !writes_rows()) continue;  // "step": the same everywhere
+          row_pieces.push_back({names.at(owned.param.unsafeGetTensorImpl()) + "." + owned.key, owned.rows,
+                                owned.first_row, owned.key == "step" ? owned.rows.sizes().vec() : owned.whole_shape});
         }
-        return accelerate::row_pieces_bytes(pieces);
+        return accelerate::row_pieces_bytes(row_pieces);
       };
       send_to_main(pg_, build, [&](int r, std::string bytes) {
         attempt([&] { writer->add_file(optimizer_file(o, r, true, named), bytes); });
@@ -289,10 +291,10 @@ std::string Accelerator::save_state(const std::string& root) {
     } else {
       const auto file = optimizer_file(o, 0, false, named);
       entry["files"].push_back(file);
-      if (flat_[o]) {
+      if (pieces) {
         // Stage 2's flat slices: gathered into whole tensors (collective), written as a whole optimizer.
         std::vector<std::pair<std::string, at::Tensor>> whole;
-        for (auto& [param, state] : flat_[o]->gather_state()) {
+        for (auto& [param, state] : pieces->gather_state()) {
           for (auto& [key, t] : state) whole.emplace_back(names.at(param.unsafeGetTensorImpl()) + "." + key, t);
         }
         attempt([&] { accelerate::save_safetensors(writer->path_for(file), whole, {{"format", "pt"}}); });
@@ -426,7 +428,7 @@ void Accelerator::load_state(const std::string& path) {
       const auto files = entry.at("files").get<std::vector<std::string>>();
       if (entry.at("type").get<std::string>().empty()) {
         // A LibTorch archive: it loads only where it was written.
-        const bool sharded = static_cast<bool>(sharded_[o]);
+        const bool sharded = optimizers_[o]->state_layout() != zero::DistributedOptimizer::StateLayout::Whole;
         TANDEM_CHECK(saved_sharded == sharded && staged.saved_world == world_.world_size && !files.empty(), where,
                      " is an optimizer of its own type saved as LibTorch archive(s) by ", staged.saved_world,
                      " process(es), ", saved_sharded ? "sharded" : "whole", "; it loads only like that (this job: ",
@@ -439,20 +441,22 @@ void Accelerator::load_state(const std::string& path) {
       for (const auto& f : files) paths.push_back(reader.path(f));
       const auto groups = optimizer_groups(o);
       std::function<accelerate::HeldRows(const at::Tensor&)> held_rows;
-      if (auto* rows = dynamic_cast<fsdp::FsdpOptimizer*>(flat_[o].get())) {
-        held_rows = [rows](const at::Tensor& p) {  // FSDP: only this rank's rows of each parameter's state
-          const auto spec = rows->spec_of(p);
-          return accelerate::HeldRows{spec.shape, rows->shard_options(p), spec.first_row, spec.owned_rows};
+      zero::PartitionedOptimizer* pieces = optimizers_[o]->partitioned();
+      if (optimizers_[o]->state_layout() == zero::DistributedOptimizer::StateLayout::ByRows) {
+        held_rows = [pieces](const at::Tensor& p) {  // FSDP: only this rank's rows of each parameter's state
+          const auto held = pieces->held_rows(p);
+          return accelerate::HeldRows{held.shape, held.options, held.first_row, held.count};
         };
       }
-      staged.named[o] = accelerate::stage_optimizer_state(*optimizers_[o], groups, names_for(identities, groups),
-                                                          held_parameters(o), entry, paths, where, held_rows);
-      if (flat_[o]) {  // stage 2 and FSDP: this rank's pieces, built from the staged state now (checked)
+      staged.named[o] = accelerate::stage_optimizer_state(optimizers_[o]->optimizer(), groups,
+                                                          names_for(identities, groups), held_parameters(o), entry,
+                                                          paths, where, held_rows);
+      if (pieces) {  // stage 2 and FSDP: this rank's pieces, built from the staged state now (checked)
         std::unordered_map<const void*, const torch::optim::OptimizerParamState*> by_param;
         for (const auto& [param, st] : staged.named[o].states) by_param[param.unsafeGetTensorImpl()] = st.get();
         staged.flat.resize(optimizers_.size());
         try {
-          staged.flat[o] = flat_[o]->build_state([&](const at::Tensor& p) -> const torch::optim::OptimizerParamState* {
+          staged.flat[o] = pieces->build_state([&](const at::Tensor& p) -> const torch::optim::OptimizerParamState* {
             auto it = by_param.find(p.unsafeGetTensorImpl());
             return it == by_param.end() ? nullptr : it->second;
           });
@@ -513,19 +517,20 @@ void Accelerator::load_state(const std::string& path) {
   // Everything is read and checked on every rank: apply it.
   for (size_t m = 0; m < models_.size(); ++m) models_[m].load(staged.weights[m]);
   for (size_t o = 0; o < optimizers_.size(); ++o) {
-    if (flat_[o]) {
-      accelerate::apply_optimizer_options(*optimizers_[o], staged.named[o].options);
-      flat_[o]->install_state(std::move(staged.flat[o]));
+    torch::optim::Optimizer& optimizer = optimizers_[o]->optimizer();
+    if (zero::PartitionedOptimizer* pieces = optimizers_[o]->partitioned()) {
+      accelerate::apply_optimizer_options(optimizer, staged.named[o].options);
+      pieces->install_state(std::move(staged.flat[o]));
       continue;
     }
     if (staged.archives[o].empty()) {
-      accelerate::apply_optimizer_state(*optimizers_[o], held_parameters(o), std::move(staged.named[o]));
+      accelerate::apply_optimizer_state(optimizer, held_parameters(o), std::move(staged.named[o]));
       continue;
     }
     torch::serialize::InputArchive archive;
     std::istringstream in(staged.archives[o]);
     archive.load_from(in);
-    optimizers_[o]->load(archive);
+    optimizer.load(archive);
   }
   if (staged.saved_world == world_.world_size) {
     for (const auto& [kind, tensor] : staged.rng) {

@@ -120,6 +120,11 @@ std::vector<FsdpOptimizer::OwnedState> FsdpOptimizer::owned_state() const {
 
 ShardSpec FsdpOptimizer::spec_of(const at::Tensor& param) const { return engine_->spec_of(param).value(); }
 
+zero::PartitionedOptimizer::HeldRows FsdpOptimizer::held_rows(const at::Tensor& param) const {
+  const ShardSpec spec = spec_of(param);
+  return {spec.shape, shard_options(param), spec.first_row, spec.owned_rows};
+}
+
 at::TensorOptions FsdpOptimizer::shard_options(const at::Tensor& param) const {
   return engine_->shard_of(param).options();
 }

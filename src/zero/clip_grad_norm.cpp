@@ -10,7 +10,7 @@
 
 namespace tandem::zero {
 
-double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vector<const ShardedOptimizer*>& sharded,
+double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vector<const DistributedOptimizer*>& sharded,
                       comm::ProcessGroup& pg, double max_norm, double norm_type) {
   if (sharded.empty()) return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
   // torch::nn::utils::clip_grad_norm_, step for step, except that each parameter's norm is taken
@@ -28,7 +28,7 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vect
     const at::Tensor& p = parameters[static_cast<size_t>(i)];
     const at::Tensor g = p.grad().defined() ? p.grad().detach() : at::Tensor();
     int owner = -1;
-    for (const ShardedOptimizer* s : sharded) {
+    for (const DistributedOptimizer* s : sharded) {
       if ((owner = s->owner_of(p)) >= 0) break;
     }
     if (g.defined() && (owner == pg.rank() || owner < 0)) mine[static_cast<size_t>(i)] = g;

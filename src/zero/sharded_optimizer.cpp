@@ -3,6 +3,7 @@
 #include <torch/optim/lbfgs.h>
 
 #include "tandem/error.h"
+#include "tandem/zero/clip_grad_norm.h"
 #include "tandem/zero/partition.h"
 #include "zero/step_guards.h"
 
@@ -61,7 +62,7 @@ void ShardedOptimizer::step() {
   });
 }
 
-bool ShardedOptimizer::step(const std::function<bool(torch::optim::Optimizer&)>& stepper) {
+bool ShardedOptimizer::step(const Stepper& stepper) {
   check_groups_unchanged(optimizer_, owned_, "ShardedOptimizer");
   for (const auto& group : all_) {
     for (const auto& p : group) {
@@ -89,6 +90,10 @@ void ShardedOptimizer::sync_parameters() {
     auto& theirs = by_rank_[static_cast<size_t>(r)];
     if (!theirs.empty()) pg_->broadcast_coalesced(theirs, r);
   }
+}
+
+double ShardedOptimizer::clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
+  return zero::clip_grad_norm(parameters, {this}, *pg_, max_norm, norm_type);
 }
 
 void ShardedOptimizer::zero_grad(bool set_to_none) {

@@ -3,7 +3,8 @@
 //   RESHARD_PHASE=save  K batches of epoch 0, then save_state(RESHARD_TO)
 //   RESHARD_PHASE=load  load_state(RESHARD_FROM), save_state(RESHARD_TO) at once (the round trip
 //                       the script compares byte for byte), then the rest of epoch 0 and epoch 1
-// with zero_stage RESHARD_ZERO (3: Strategy::Fsdp, each Linear a unit). Each rank writes the samples it read, "<epoch> <id>" per line, and
+// with zero_stage RESHARD_ZERO (3: Strategy::Fsdp, each Linear a unit; 4: HSDP, FSDP within pairs
+// of processes). Each rank writes the samples it read, "<epoch> <id>" per line, and
 // a last line "loss <value>" to RESHARD_OUT.rank<r>.
 #include <cmath>
 #include <cstdlib>
@@ -33,8 +34,12 @@ int reshard_scenario() {
   };
   const std::string phase = env("RESHARD_PHASE"), out = env("RESHARD_OUT");
   const int zero = std::stoi(env("RESHARD_ZERO"));
-  Accelerator acc(shared_pg(), zero == 3 ? AcceleratorOptions().seed(3).progress(false).strategy(Strategy::Fsdp)
-                                         : AcceleratorOptions().seed(3).progress(false).zero_stage(zero));
+  // 3: FSDP; 4: HSDP, FSDP within pairs of processes and replicated across them.
+  auto options = AcceleratorOptions().seed(3).progress(false);
+  if (zero >= 3) options.strategy(Strategy::Fsdp);
+  if (zero == 4) options.parallelism(tandem::ParallelismConfig().shard_size(2));
+  if (zero < 3) options.zero_stage(zero);
+  Accelerator acc(shared_pg(), options);
   torch::manual_seed(5);
   auto net = zero_net();
   auto model = acc.prepare_model(net);

@@ -30,27 +30,19 @@ job() {  # job NAME NPROC ZERO PHASE [FROM]
 newest() { ls -d "$1"/checkpoint_* | tail -1; }
 status=0
 fail() { echo "FAIL: $*"; status=1; }
-printf '%-14s %-14s %-4s %s\n' "saved by" "loaded by" "same" "samples"
-for w in 4 2; do
-  for z in 0 1 2 3; do job "save-w$w-z$z" "$w" "$z" save; done
-  cmp -s "$work/save-w$w-z0.optimizer.safetensors" "$work/save-w$w-z1.optimizer.safetensors" ||
-    fail "the optimizer state saved by $w processes differs with ZeRO and without"
-  for z in 0 1 2 3; do
-    src="save-w$w-z$z"
-    for w2 in 2 3 1; do
-      for z2 in 0 1 2 3; do
-        (( w2 == 1 && z2 > 0 )) && continue  # one process never shards
-        (( z2 == 3 && w2 != 3 )) && continue  # FSDP where nothing divides
-        (( z == 3 && (z2 == 1 || z2 == 2) )) && continue
-        dst="load-w$w-z$z-to-w$w2-z$z2"
-        job "$dst" "$w2" "$z2" load "$(newest "$work/$src.ckpt")"
-        result=ok
-        cmp -s "$work/$src.model.safetensors" "$work/$dst.model.safetensors" ||
-          { fail "$dst: the weights after loading differ from the saved ones"; result=FAIL; }
-        cmp -s "$work/$src.optimizer.safetensors" "$work/$dst.optimizer.safetensors" ||
-          { fail "$dst: the optimizer state after loading differs from the saved one"; result=FAIL; }
-        # Samples: the save job's epoch 0, then the load job's; every id once, plus padding.
-        if ! samples=$(python3 - "$work/$src" "$w" "$work/$dst" "$w2" 2>&1 <<'PY'
+name() { case $1 in 3) echo fsdp ;; 4) echo "hsdp 2x2" ;; *) echo "zero $1" ;; esac; }
+# load_and_check W Z W2 Z2: a job of W2 processes (Z2) loads the newest checkpoint of save-wW-zZ,
+# saves it again and trains on; its weights, optimizer state and samples are checked.
+load_and_check() {
+  local w=$1 z=$2 w2=$3 z2=$4 src="save-w$1-z$2" result=ok samples
+  dst="load-w$w-z$z-to-w$w2-z$z2"
+  job "$dst" "$w2" "$z2" load "$(newest "$work/$src.ckpt")"
+  cmp -s "$work/$src.model.safetensors" "$work/$dst.model.safetensors" ||
+    { fail "$dst: the weights after loading differ from the saved ones"; result=FAIL; }
+  cmp -s "$work/$src.optimizer.safetensors" "$work/$dst.optimizer.safetensors" ||
+    { fail "$dst: the optimizer state after loading differs from the saved one"; result=FAIL; }
+  # Samples: the save job's epoch 0, then the load job's; every id once, plus padding.
+  if ! samples=$(python3 - "$work/$src" "$w" "$work/$dst" "$w2" 2>&1 <<'PY'
 import collections, glob, math, sys
 def read(prefix):
     by_epoch = collections.defaultdict(list)
@@ -77,13 +69,43 @@ whole = collections.Counter(after[1])
 assert set(whole) == set(range(n)) and sum(whole.values()) == math.ceil(n / w2) * w2, "epoch 1 is not a whole epoch"
 print(f"epoch 0: {len(first)} + {len(unread)} samples, {padding} padding")
 PY
-        ); then fail "$dst: the samples read: $samples"; result=FAIL; fi
-        name() { (( $1 == 3 )) && echo fsdp || echo "zero $1"; }
-        printf '%-14s %-14s %-4s %s\n' "$w ($(name $z))" "$w2 ($(name $z2))" "$result" "$samples"
+  ); then fail "$dst: the samples read: $samples"; result=FAIL; fi
+  printf '%-14s %-14s %-4s %s\n' "$w ($(name $z))" "$w2 ($(name $z2))" "$result" "$samples"
+}
+printf '%-14s %-14s %-4s %s\n' "saved by" "loaded by" "same" "samples"
+for w in 4 2; do
+  for z in 0 1 2 3; do job "save-w$w-z$z" "$w" "$z" save; done
+  cmp -s "$work/save-w$w-z0.optimizer.safetensors" "$work/save-w$w-z1.optimizer.safetensors" ||
+    fail "the optimizer state saved by $w processes differs with ZeRO and without"
+  for z in 0 1 2 3; do
+    for w2 in 2 3 1; do
+      for z2 in 0 1 2 3; do
+        (( w2 == 1 && z2 > 0 )) && continue  # one process never shards
+        (( z2 == 3 && w2 != 3 )) && continue  # FSDP where nothing divides
+        (( z == 3 && (z2 == 1 || z2 == 2) )) && continue
+        load_and_check "$w" "$z" "$w2" "$z2"
       done
     done
   done
 done
+# HSDP ("zero 4": FSDP within pairs, two replicas of them): only the first replica writes its rows,
+# and the checkpoint loads under DDP and FSDP at other sizes; an FSDP checkpoint loads into HSDP.
+job save-w4-z4 4 4 save
+for to in "2 0" "3 3"; do load_and_check 4 4 $to; done
+load_and_check 4 3 4 4
+hsdp_ckpt=$(newest "$work/save-w4-z4.ckpt")
+if [[ -n "$python" ]]; then
+  "$python" - "$hsdp_ckpt" <<'PY' || fail "an HSDP checkpoint's second replica wrote rows"
+import sys
+from safetensors import safe_open
+keys = {}
+for r in range(4):
+    with safe_open(f"{sys.argv[1]}/model_0.rank{r}.safetensors", "pt") as f:
+        keys[r] = set(f.keys())
+assert keys[0] and keys[1] and not keys[2] and not keys[3], keys
+print("HSDP: ranks 0 and 1 wrote the rows, the second replica (ranks 2 and 3) none")
+PY
+fi
 # tandem checkpoint: what a sharded checkpoint holds; an optimizer it does not hold is refused.
 info=$("$tandem" checkpoint info "$work/save-w4-z1.ckpt")
 grep -q "optimizer 0  AdamW, sharded, 4 file(s): loads at any world size" <<<"$info" &&

@@ -309,4 +309,21 @@ TEST(SubgroupTimeout, NamesTheGroupAndTheMissingGlobalRank) {
   }
 }
 
+// NCCL (skipped where a rank has no GPU): a subgroup's CUDA collectives, and a ring of CUDA
+// tensors in one batch (one coalesced NCCL group).
+TEST(NcclSubgroups, CollectivesAndPointToPointOnCudaTensors) {
+  if (!tandem::test::every_rank_has_nccl()) GTEST_SKIP() << tandem::test::why_no_nccl();
+  const auto on_gpu = at::TensorOptions().device(*pg().cuda_device());
+  auto group = pg().split(R() % 2, "parity");
+  at::Tensor t = at::full({3}, static_cast<float>(R()), on_gpu);
+  group->all_reduce(t, ReduceOp::Sum);
+  EXPECT_EQ(t.cpu()[0].item<float>(), static_cast<float>(sum_of(group->global_ranks())));
+  if (W() < 2) return;
+  at::Tensor out = at::arange(1 << 16, on_gpu.dtype(at::kFloat)) + R();
+  at::Tensor in = at::empty({1 << 16}, on_gpu.dtype(at::kFloat));
+  std::vector<P2POp> ops{P2POp::send(out, (R() + 1) % W()), P2POp::recv(in, (R() + W() - 1) % W())};
+  for (auto& work : pg().batch_isend_irecv(ops)) work->wait();
+  EXPECT_TRUE(at::equal(in.cpu(), at::arange(1 << 16, at::kFloat) + (R() + W() - 1) % W()));
+}
+
 int main(int argc, char** argv) { return tandem::test::distributed_test_main(argc, argv); }

@@ -36,12 +36,11 @@
 #include "tandem/accelerate/prepared_model.h"
 #include "tandem/accelerate/progress.h"
 #include "tandem/amp/grad_scaler.h"
+#include "tandem/comm/device_mesh.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/world.h"
 #include "tandem/fsdp/engine.h"
-#include "tandem/zero/gradient_sharded_optimizer.h"
-#include "tandem/zero/partitioned_optimizer.h"
-#include "tandem/zero/sharded_optimizer.h"
+#include "tandem/zero/distributed_optimizer.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -106,6 +105,10 @@ class Accelerator {
   const std::string& strategy_reason() const { return reason_; }
   /// The process group (null for a single process without DDP). The Accelerator owns it.
   const std::shared_ptr<comm::ProcessGroup>& process_group() const { return pg_; }
+  /// The layout the processes train in (AcceleratorOptions::parallelism, resolved).
+  const ParallelismPlan& parallelism() const { return plan_; }
+  /// The mesh ("replicate", "shard") under HSDP; null otherwise (every group is the process group).
+  const comm::DeviceMesh* device_mesh() const { return mesh_ ? &*mesh_ : nullptr; }
   const AcceleratorOptions& options() const { return options_; }
 
   // ---- prepare -----------------------------------------------------------------------------
@@ -260,6 +263,13 @@ class Accelerator {
 
   void initialize();
   fsdp::FullyShardOptions fsdp_options(torch::nn::Module& model) const;
+  /// The groups the strategies reduce over: DDP's and ZeRO's (every process: shard, tp and pp
+  /// are 1 under them), FSDP's shards (the mesh's "shard" under HSDP).
+  std::shared_ptr<comm::ProcessGroup> data_parallel_group() const { return pg_; }
+  std::shared_ptr<comm::ProcessGroup> shard_group() const { return mesh_ ? mesh_->group("shard") : pg_; }
+  /// Whether this process writes its rows of sharded state: under HSDP only the first replica's
+  /// processes do (the others hold the same rows).
+  bool writes_rows() const { return !mesh_ || mesh_->local_rank("replicate") == 0; }
   /// The parameters, then the buffers; under FSDP a parameter's slot is its shard's rows.
   static std::vector<ModelSlot> model_layout(const fsdp::detail::Engine* engine, torch::nn::Module& module);
   /// What this rank holds of each slot of model_layout: the tensor, or its shard's rows.
@@ -272,8 +282,8 @@ class Accelerator {
   std::pair<int64_t, int64_t> share_of(int64_t n) const;
   data::DistributedSamplerOptions sampler_options(bool shuffle) const;
   std::optional<size_t> index_of(const torch::optim::Optimizer& optimizer) const;  // in optimizers_
-  zero::ShardedOptimizer* sharded_of(const torch::optim::Optimizer& optimizer) const;
-  zero::PartitionedOptimizer* flat_of(const torch::optim::Optimizer& optimizer) const;
+  /// The prepared optimizer that holds `optimizer`, or null.
+  zero::DistributedOptimizer* prepared_of(const torch::optim::Optimizer& optimizer) const;
   // Checkpoints (accelerator_state.cpp): each prepared model's named tensors, optimizer o's param
   // groups (every parameter, also those other ranks own) and the parameters whose state it holds.
   std::vector<NamedTensors> model_identities() const;
@@ -287,11 +297,12 @@ class Accelerator {
   c10::Device device_{c10::kCPU};
   Strategy strategy_ = Strategy::Single;
   std::string reason_;
+  ParallelismPlan plan_{Strategy::Single};
   std::shared_ptr<comm::ProcessGroup> pg_;
+  std::optional<comm::DeviceMesh> mesh_;
   std::unique_ptr<amp::GradScaler> scaler_;
-  std::vector<torch::optim::Optimizer*> optimizers_;
-  std::vector<std::unique_ptr<zero::ShardedOptimizer>> sharded_;  // per optimizer; null: whole
-  std::vector<std::unique_ptr<zero::PartitionedOptimizer>> flat_;  // per optimizer, zero_stage 2 or FSDP
+  // Note [One optimizer interface]: whole, ZeRO-1, ZeRO-2 or FSDP, in the order prepared.
+  std::vector<std::unique_ptr<zero::DistributedOptimizer>> optimizers_;
   std::vector<ModelEntry> models_;
   std::vector<LoaderEntry> loaders_;
   std::vector<std::tuple<std::string, std::function<std::string()>, std::function<void(const std::string&)>>> custom_;
@@ -320,7 +331,7 @@ PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
   } else if (strategy_ == Strategy::DataParallel) {
     dp.emplace(module, options_.dp());
   } else if (strategy_ == Strategy::Fsdp) {
-    fully_sharded.emplace(module, pg_, fsdp_options(*module));
+    fully_sharded.emplace(module, shard_group(), fsdp_options(*module));
   }
   std::optional<typename Impl::Autocast> autocast;
   if (options_.mixed_precision() != Precision::No) {

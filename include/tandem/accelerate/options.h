@@ -6,6 +6,7 @@
 
 #include <torch/arg.h>
 
+#include "tandem/accelerate/parallelism.h"
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/options.h"
@@ -84,6 +85,11 @@ struct AcceleratorOptions {
   /// DataParallel (Strategy::DataParallel, or Auto in one process with several GPUs) is refused,
   /// and a job of one process has nothing to shard and runs unsharded.
   TORCH_ARG(int, zero_stage) = 0;
+  /// How the processes are laid out (tandem/accelerate/parallelism.h): replicate, shard, tp and
+  /// pp sizes whose product is the number of processes. Unset: DDP replicates over every
+  /// process, FSDP shards over every process; shard_size below the process count under FSDP is
+  /// HSDP (shards within groups of shard_size, replicated across them).
+  TORCH_ARG(ParallelismConfig, parallelism) = {};
 };
 
 }  // namespace tandem

@@ -19,26 +19,19 @@ class FsdpOptimizer : public zero::PartitionedOptimizer {
   /// `optimizer` must outlive this object. Throws tandem::Error for another optimizer type.
   FsdpOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<detail::Engine> engine);
 
-  bool step(const std::function<bool(torch::optim::Optimizer&)>& stepper) override;
+  bool step(const Stepper& stepper) override;
   void step();
   void zero_grad() override;
   double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0) override;
   const std::vector<std::vector<at::Tensor>>& all_params() const override { return all_; }
   std::vector<std::pair<at::Tensor, NamedState>> gather_state() override;
 
-  /// One tensor of this rank's optimizer state: rows [first_row, first_row + rows.size(0)) of the
-  /// state `key` of `param`, whose whole shape is `whole_shape` ("step": whole, 0-d).
-  struct OwnedState {
-    at::Tensor param;
-    std::string key;
-    at::Tensor rows;
-    int64_t first_row = 0;
-    std::vector<int64_t> whole_shape;
-  };
   /// This rank's rows of every parameter's state (none for parameters whose rows it does not
   /// hold, but rank 0's empty rows of a parameter with no rows; "step" from every rank that has
   /// state). No collective: what a sharded checkpoint writes.
-  std::vector<OwnedState> owned_state() const;
+  std::vector<OwnedState> owned_state() const override;
+  HeldRows held_rows(const at::Tensor& param) const override;
+  StateLayout state_layout() const override { return StateLayout::ByRows; }
   /// The rows of `param` this rank keeps: [first_row, first_row + owned_rows).
   ShardSpec spec_of(const at::Tensor& param) const;
   /// The dtype and device of `param`'s shard (and so of its state).
@@ -47,7 +40,7 @@ class FsdpOptimizer : public zero::PartitionedOptimizer {
   /// shape[1:]...]), as stage_optimizer_state reads them with spec_of's rows.
   BuiltState build_state(const StateOf& state_of) const override;
   void install_state(BuiltState built) override;
-  torch::optim::Optimizer& optimizer() { return optimizer_; }
+  torch::optim::Optimizer& optimizer() override { return optimizer_; }
 
  private:
   torch::optim::Optimizer& optimizer_;

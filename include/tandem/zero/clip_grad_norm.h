@@ -11,12 +11,14 @@
 #include <ATen/ATen.h>
 
 #include "tandem/comm/process_group.h"
-#include "tandem/zero/sharded_optimizer.h"
+#include "tandem/zero/distributed_optimizer.h"
 
 namespace tandem::zero {
 
 /// The total norm of the gradients of `parameters`, as if nothing were sharded, and the clip.
-double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vector<const ShardedOptimizer*>& sharded,
+/// `sharded`: the optimizers whose owner_of() places a parameter's gradient (ZeRO-1's); a
+/// parameter none of them owns counts on rank 0.
+double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vector<const DistributedOptimizer*>& sharded,
                       comm::ProcessGroup& pg, double max_norm, double norm_type = 2.0);
 
 /// The same when every rank holds disjoint pieces of the gradients (ZeRO-2's slices, FSDP's

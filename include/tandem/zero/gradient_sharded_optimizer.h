@@ -75,7 +75,8 @@ class GradientShardedOptimizer : public PartitionedOptimizer {
   /// Elements of the shards this rank holds, padding included (the gradient and each state
   /// buffer are this many elements).
   int64_t shard_numel() const;
-  torch::optim::Optimizer& optimizer() { return optimizer_; }
+  torch::optim::Optimizer& optimizer() override { return optimizer_; }
+  StateLayout state_layout() const override { return StateLayout::Whole; }  // gathered whole (gather_state)
 
   /// Checkpoints: every parameter's state, whole and shaped like it ((key, tensor) as
   /// zero::state_tensors gives them), gathered from every rank's shards. Collective; every rank

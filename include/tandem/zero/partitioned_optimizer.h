@@ -11,27 +11,17 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
+#include "tandem/zero/distributed_optimizer.h"
+
 namespace tandem::zero {
 
-class PartitionedOptimizer {
+class PartitionedOptimizer : public DistributedOptimizer {
  public:
   using NamedState = std::vector<std::pair<std::string, at::Tensor>>;
   using StateOf = std::function<const torch::optim::OptimizerParamState*(const at::Tensor&)>;
   using BuiltState = std::vector<std::unique_ptr<torch::optim::OptimizerParamState>>;
 
-  virtual ~PartitionedOptimizer() = default;
-  /// Steps this rank's pieces through `stepper` (e.g. a GradScaler's step); every rank agrees
-  /// to step or skip (checked). Returns whether it stepped. Collective.
-  virtual bool step(const std::function<bool(torch::optim::Optimizer&)>& stepper) = 0;
-  virtual void zero_grad() = 0;
-  /// torch.nn.utils.clip_grad_norm_ over `parameters` (the model's, whole, as given to it
-  /// unsharded): the norm of every rank's pieces of them, the same on every rank, and those
-  /// pieces clipped. Throws tandem::Error for a parameter that needs a gradient and that this
-  /// optimizer holds no piece of. Collective: every rank gives the same parameters.
-  virtual double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm,
-                                double norm_type = 2.0) = 0;
-  /// The model's parameters per param group, whole, as the optimizer was given them.
-  virtual const std::vector<std::vector<at::Tensor>>& all_params() const = 0;
+  PartitionedOptimizer* partitioned() override { return this; }
   /// Checkpoints: every parameter's state, whole and shaped like it ((key, tensor) as
   /// zero::state_tensors gives them). Collective; every rank gets all of it. Parameters without
   /// state yet are left out.
@@ -42,6 +32,30 @@ class PartitionedOptimizer {
   virtual BuiltState build_state(const StateOf& state_of) const = 0;
   /// Replaces the pieces' state by what build_state made (does not throw for its result).
   virtual void install_state(BuiltState built) = 0;
+
+  // StateLayout::ByRows only (FSDP): the rows each rank holds.
+  /// One tensor of this rank's optimizer state: rows [first_row, first_row + rows.size(0)) of the
+  /// state `key` of `param`, whose whole shape is `whole_shape` ("step": whole, 0-d).
+  struct OwnedState {
+    at::Tensor param;
+    std::string key;
+    at::Tensor rows;
+    int64_t first_row = 0;
+    std::vector<int64_t> whole_shape;
+  };
+  /// The rows of one parameter this rank holds, and their dtype and device.
+  struct HeldRows {
+    std::vector<int64_t> shape;  // the parameter's whole shape
+    at::TensorOptions options;
+    int64_t first_row = 0, count = 0;
+  };
+  /// This rank's rows of every parameter's state. No collective: what a sharded checkpoint writes.
+  virtual std::vector<OwnedState> owned_state() const { return {}; }
+  /// The rows of `param` this rank holds.
+  virtual HeldRows held_rows(const at::Tensor& param) const {
+    (void)param;
+    return {};
+  }
 };
 
 }  // namespace tandem::zero

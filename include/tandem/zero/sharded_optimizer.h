@@ -22,10 +22,11 @@
 #include <torch/optim/optimizer.h>
 
 #include "tandem/comm/process_group.h"
+#include "tandem/zero/distributed_optimizer.h"
 
 namespace tandem::zero {
 
-class ShardedOptimizer {
+class ShardedOptimizer : public DistributedOptimizer {
  public:
   /// Takes the parameters this rank does not own out of `optimizer`'s param groups for good and
   /// drops their state; `optimizer` must outlive this object (which never touches it when it goes).
@@ -42,19 +43,24 @@ class ShardedOptimizer {
   /// The same, stepping the sharded optimizer through `stepper` (e.g. a GradScaler's step, which
   /// unscales and may skip): the updates are exchanged when it returns true. Every rank must
   /// return the same (checked: a disagreement or a failure throws on every rank). Returns it.
-  bool step(const std::function<bool(torch::optim::Optimizer&)>& stepper);
-  /// Zeroes (or, by default, drops) the gradients of every parameter, owned or not.
-  void zero_grad(bool set_to_none = true);
+  bool step(const Stepper& stepper) override;
+  /// Drops the gradients of every parameter, owned or not.
+  void zero_grad() override { zero_grad(/*set_to_none=*/true); }
+  /// Zeroes (or drops) the gradients of every parameter, owned or not.
+  void zero_grad(bool set_to_none);
+  /// zero::clip_grad_norm with this optimizer: each gradient counted on its owner (collective).
+  double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0) override;
+  StateLayout state_layout() const override { return StateLayout::ByParameter; }
 
   /// The owner of parameter `index` of group `group` (the optimizer's order at construction).
   int owner(size_t group, size_t index) const { return owners_.at(group).at(index); }
   /// The owner of `param`, or -1 when it is none of this optimizer's parameters.
-  int owner_of(const at::Tensor& param) const;
+  int owner_of(const at::Tensor& param) const override;
   /// Every parameter of the groups, owned or not, as given at construction.
-  const std::vector<std::vector<at::Tensor>>& all_params() const { return all_; }
+  const std::vector<std::vector<at::Tensor>>& all_params() const override { return all_; }
   /// How many elements each rank owns.
   std::vector<int64_t> owned_numel() const;
-  torch::optim::Optimizer& optimizer() { return optimizer_; }
+  torch::optim::Optimizer& optimizer() override { return optimizer_; }
   comm::ProcessGroup& process_group() { return *pg_; }
 
  private:
