@@ -13,7 +13,7 @@ add_test(NAME comm.collectives.mpi4
   COMMAND ${_mpi_run} --nproc-per-node 4 -- $<TARGET_FILE:collectives_test> ${_cpu_filter})
 set_tests_properties(comm.collectives.mpi2 comm.collectives.mpi3 comm.collectives.mpi4 PROPERTIES ENVIRONMENT TANDEM_TEST_EXPECT_CPU_BACKEND=mpi)
 add_test(NAME mesh.parallel.mpi4 COMMAND ${_mpi_run} --nproc-per-node 4 -- $<TARGET_FILE:mesh_parallel_test>)
-set_tests_properties(mesh.parallel.mpi4 PROPERTIES LABELS "fsdp;ddp;multiprocess;mpi" TIMEOUT 300)
+set_tests_properties(mesh.parallel.mpi4 PROPERTIES LABELS "mpi;multiprocess" TIMEOUT 300)
 foreach(_n 2 4)
   add_test(NAME comm.subgroups.mpi${_n}
     COMMAND ${_mpi_run} --nproc-per-node ${_n} -- $<TARGET_FILE:subgroups_test> --gtest_filter=-SubgroupTimeout.*:NcclSubgroups.*)
