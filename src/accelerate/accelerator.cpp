@@ -70,8 +70,8 @@ void Accelerator::initialize() {
   comm::bind_cuda_device(world_.local_rank);
   choose_strategy();
   // Note [Host allocator]: every strategy, a single process included; FSDP gives memory back.
-  tune_host_allocator(strategy_ == Strategy::Fsdp ? HostAllocatorPolicy::ReturnLarge : HostAllocatorPolicy::KeepFreed);
-  if (!pg_ && (world_.world_size > 1 || strategy_ == Strategy::Ddp || strategy_ == Strategy::Fsdp)) {
+  tune_host_allocator(plan_.strategy == Strategy::Fsdp ? HostAllocatorPolicy::ReturnLarge : HostAllocatorPolicy::KeepFreed);
+  if (!pg_ && (world_.world_size > 1 || plan_.strategy == Strategy::Ddp || plan_.strategy == Strategy::Fsdp)) {
     pg_ = comm::ProcessGroup::create(world_, comm::ProcessGroupOptions().timeout(options_.collective_timeout()));
   }
   if (plan_.hybrid()) {
@@ -82,7 +82,7 @@ void Accelerator::initialize() {
     scaler_ = pg_ ? std::make_unique<amp::GradScaler>(pg_, options_.scaler())
                   : std::make_unique<amp::GradScaler>(options_.scaler());
   }
-  print("tandem: strategy %s (%s), device %s, mixed precision %s, %d process%s%s\n", to_string(strategy_),
+  print("tandem: strategy %s (%s), device %s, mixed precision %s, %d process%s%s\n", to_string(plan_.strategy),
         reason_.c_str(), device_.str().c_str(), to_string(options_.mixed_precision()), world_.world_size,
         world_.world_size == 1 ? "" : "es", plan_.hybrid() ? (" as " + plan_.describe()).c_str() : "");
 }
@@ -96,35 +96,33 @@ void Accelerator::choose_strategy() {
                                (processes > 1 ? std::string(" launched by ") + comm::to_string(world_.source) : "");
   const std::string gpu_text = gpus == 0 ? "no GPU" : std::to_string(gpus) + " GPU" + (gpus == 1 ? "" : "s");
   plan_ = plan_parallelism(options_.parallelism(), options_.strategy(), processes);
-  strategy_ = plan_.strategy;
-  if (options_.strategy() == Strategy::Auto && strategy_ == Strategy::Fsdp) {
+  if (options_.strategy() == Strategy::Auto && plan_.strategy == Strategy::Fsdp) {
     reason_ = "auto: shard_size " + std::to_string(options_.parallelism().shard_size()) + "; " + launched;
-  } else if (strategy_ == Strategy::Auto) {
+  } else if (plan_.strategy == Strategy::Auto) {
     if (processes > 1) {
-      strategy_ = Strategy::Ddp;
+      plan_.strategy = Strategy::Ddp;
       reason_ = "auto: " + launched;
     } else if (gpus > 1) {
-      strategy_ = Strategy::DataParallel;
+      plan_.strategy = Strategy::DataParallel;
       reason_ = "auto: 1 process and " + gpu_text;
     } else {
-      strategy_ = Strategy::Single;
+      plan_.strategy = Strategy::Single;
       reason_ = "auto: 1 process and " + gpu_text;
     }
   } else {
     reason_ = "asked; " + launched + ", " + gpu_text;
   }
-  TANDEM_CHECK(processes == 1 || strategy_ == Strategy::Ddp || strategy_ == Strategy::Fsdp, "Accelerator: strategy ",
-               to_string(strategy_), " runs in one process, but ", launched,
+  TANDEM_CHECK(processes == 1 || plan_.strategy == Strategy::Ddp || plan_.strategy == Strategy::Fsdp,
+               "Accelerator: strategy ", to_string(plan_.strategy), " runs in one process, but ", launched,
                ": use Strategy::Ddp (or Auto), or start one process");
-  TANDEM_CHECK(options_.zero_stage() == 0 || strategy_ != Strategy::Fsdp, "Accelerator: zero_stage ",
+  TANDEM_CHECK(options_.zero_stage() == 0 || plan_.strategy != Strategy::Fsdp, "Accelerator: zero_stage ",
                options_.zero_stage(), " with Strategy::Fsdp: FSDP shards parameters, gradients and optimizer state "
                "already (ZeRO-3); leave zero_stage at 0");
-  TANDEM_CHECK(options_.zero_stage() == 0 || strategy_ != Strategy::DataParallel, "Accelerator: zero_stage ",
+  TANDEM_CHECK(options_.zero_stage() == 0 || plan_.strategy != Strategy::DataParallel, "Accelerator: zero_stage ",
                options_.zero_stage(), " shards the optimizer across processes, and DataParallel runs in one: start "
                "one process per device (tandem run --nproc-per-node N) with Strategy::Ddp, or use zero_stage 0");
-  plan_.strategy = strategy_;
   device_ = gpus > 0 ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
-                                                   strategy_ == Strategy::DataParallel ? 0 : world_.local_rank))
+                                                   plan_.strategy == Strategy::DataParallel ? 0 : world_.local_rank))
                      : c10::Device(c10::kCPU);
 }
 
@@ -194,9 +192,9 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   TANDEM_CHECK(!index_of(optimizer), "prepare_optimizer: this optimizer is prepared already");
   // One process has nothing to shard: the optimizer stays whole (whatever the strategy, so that
   // its checkpoints load under Single and Ddp alike).
-  const bool shard = options_.zero_stage() >= 1 && pg_ && pg_->size() > 1 && strategy_ == Strategy::Ddp;
+  const bool shard = options_.zero_stage() >= 1 && pg_ && pg_->size() > 1 && plan_.strategy == Strategy::Ddp;
   std::unique_ptr<zero::DistributedOptimizer> prepared;  // may throw: nothing kept
-  if (strategy_ == Strategy::Fsdp) {
+  if (plan_.strategy == Strategy::Fsdp) {
     // FSDP: the optimizer steps the shards of the model whose parameters it holds.
     std::shared_ptr<fsdp::detail::Engine> engine;
     for (const auto& group : optimizer.param_groups()) {

@@ -161,9 +161,7 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& dims, const std::
   const DeviceMesh view = (*this)[dims];  // checks the names and their order
   Dim flat{name, view.size(), nullptr, {}};
   for (const auto& d : view.dims_) flat.covers.insert(flat.covers.end(), d.covers.begin(), d.covers.end());
-  std::vector<int64_t> root_shape;
-  for (const auto& d : root_->dims) root_shape.push_back(d.size);
-  const int color = static_cast<int>(index_without(root_->coordinate, root_shape, flat.covers));
+  const int color = static_cast<int>(index_without(root_->coordinate, root_->shape(), flat.covers));
   flat.group = root_->pg->split(color, name);  // collective over the whole mesh
   root_->flattened.push_back(flat);
   return DeviceMesh(root_, {flat});
@@ -172,8 +170,7 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& dims, const std::
 std::vector<int> DeviceMesh::ranks() const {
   std::vector<size_t> covered;
   for (const auto& d : dims_) covered.insert(covered.end(), d.covers.begin(), d.covers.end());
-  std::vector<int64_t> root_shape;
-  for (const auto& d : root_->dims) root_shape.push_back(d.size);
+  const std::vector<int64_t> root_shape = root_->shape();
   const int64_t mine = index_without(root_->coordinate, root_shape, covered);
   std::vector<int> out;
   for (int r = 0; r < root_->pg->size(); ++r) {

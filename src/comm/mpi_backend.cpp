@@ -362,24 +362,24 @@ class MpiBackend : public c10d::Backend {
     const char* what = sending ? "send" : "recv";
     auto work = c10::make_intrusive<MpiWork>(getRank(), sending ? c10d::OpType::SEND : c10d::OpType::RECV, what,
                                              timeout_, /*in_engine=*/false);
-    MpiEngine::instance().submit([work, t, peer, tag, sending, comm = comm_] {
+    // A failed post or test ends the work with MPI's reason.
+    auto failed = [work, sending](int code) {
+      work->finish(std::make_exception_ptr(
+          Error(std::string(sending ? "MPI_Isend" : "MPI_Irecv") + " failed: " + mpi_error_text(code))));
+    };
+    MpiEngine::instance().submit([work, failed, t, peer, tag, sending, comm = comm_] {
       auto request = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
       const int bytes = static_cast<int>(t.nbytes());
       const int code = sending ? MPI_Isend(t.data_ptr(), bytes, MPI_BYTE, peer, tag, comm, request.get())
                                : MPI_Irecv(t.data_ptr(), bytes, MPI_BYTE, peer, tag, comm, request.get());
-      if (code != MPI_SUCCESS) {
-        work->finish(std::make_exception_ptr(Error(std::string(sending ? "MPI_Isend" : "MPI_Irecv") +
-                                                   " failed: " + mpi_error_text(code))));
-        return;
-      }
+      if (code != MPI_SUCCESS) return failed(code);
       // The tensor stays captured until the request completes: MPI owns its bytes until then.
-      MpiEngine::instance().poll([work, t, request, sending] {
+      MpiEngine::instance().poll([work, failed, t, request] {
         int done = 0;
         MPI_Status status;
         const int code = MPI_Test(request.get(), &done, &status);
         if (code != MPI_SUCCESS) {
-          work->finish(std::make_exception_ptr(Error(std::string(sending ? "MPI_Isend" : "MPI_Irecv") +
-                                                     " failed: " + mpi_error_text(code))));
+          failed(code);
           return true;
         }
         if (done) work->finish(nullptr);

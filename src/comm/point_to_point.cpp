@@ -57,7 +57,7 @@ std::string ProcessGroup::begin_p2p(const char* op, const at::Tensor& tensor, in
     throw Error(std::string(op) + " needs a defined, dense, contiguous tensor");
   }
   TANDEM_CHECK(peer >= 0 && peer < size(), op, (sending ? " to" : " from"), " rank ", peer,
-               ": the group", (name_ == "world" ? std::string() : " '" + name_ + "'"), " has ranks 0 to ", size() - 1);
+               ": the group", (subgroup_ ? " '" + name_ + "'" : std::string()), " has ranks 0 to ", size() - 1);
   TANDEM_CHECK(peer != rank(), op, (sending ? " to" : " from"), " rank ", peer, ": that is this rank itself");
   uint64_t number = 0;
   {

@@ -157,7 +157,7 @@ void ProcessGroup::make_backends(const c10::intrusive_ptr<c10d::Backend>& mpi_pa
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error("creating the process group " + (name_ == "world" ? std::string() : "'" + name_ + "' ") + "on " +
+    throw Error("creating the process group " + (subgroup_ ? "'" + name_ + "' " : std::string()) + "on " +
                 describe_rank(rank_) + " failed: " + one_line(e));
   }
   sent_.assign(static_cast<size_t>(size_), 0);
@@ -176,7 +176,7 @@ int ProcessGroup::group_rank(int global) const {
 }
 
 std::string ProcessGroup::describe_rank(int group_rank) const {
-  if (name_ == "world") return "rank " + std::to_string(group_rank);
+  if (!subgroup_) return "rank " + std::to_string(group_rank);
   return "rank " + std::to_string(group_rank) + " of group '" + name_ + "' (global rank " +
          std::to_string(global_rank(group_rank)) + ")";
 }
@@ -245,7 +245,7 @@ void ProcessGroup::remember(const c10::intrusive_ptr<c10d::Work>& work, const Co
 
 Error ProcessGroup::failure(const std::string& what, const CollectiveCall* call, const std::exception& cause) const {
   std::string text = what + " failed on rank " + std::to_string(rank()) + " of " + std::to_string(size());
-  if (name_ != "world") text += " in group '" + name_ + "' (global rank " + std::to_string(world_.rank) + ")";
+  if (subgroup_) text += " in group '" + name_ + "' (global rank " + std::to_string(world_.rank) + ")";
   if (call) text += " at collective #" + std::to_string(call->seq);
   text += ": " + one_line(cause);
   if (call && size() > 1) {
@@ -259,7 +259,7 @@ Error ProcessGroup::failure(const std::string& what, const CollectiveCall* call,
     if (others.empty()) {
       others = detail::explain_failure(store_, rank(), size(), *call,
                                        world_.use_agent_store ? "the launcher" : "rank 0",
-                                       name_ == "world" ? std::vector<int>{} : global_ranks_);
+                                       subgroup_ ? global_ranks_ : std::vector<int>{});
       if (others.empty()) others = "every rank was in this collective";
       std::lock_guard<std::mutex> hold(calls_mutex_);
       if (first_failure_.empty()) {

@@ -77,6 +77,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& mem
     return nullptr;
   }
   std::shared_ptr<ProcessGroup> group(new ProcessGroup(world_, options_));
+  group->subgroup_ = true;
   group->name_ = name.empty() ? name_ + "/" + std::to_string(index) + "." + std::to_string(color) : name;
   group->size_ = static_cast<int>(members.size());
   for (size_t i = 0; i < members.size(); ++i) {

@@ -178,6 +178,8 @@ std::pair<std::shared_ptr<comm::ProcessGroup>, FullyShardOptions> mesh_groups(co
   return {mesh.group(names.back()), std::move(options)};
 }
 
+namespace {
+
 // HSDP's two groups must be a mesh's two dimensions: every replica of this rank holds the same
 // rows, so its rank in its own shard group is this rank's.
 void check_replicas(comm::ProcessGroup& shard, comm::ProcessGroup& replicate) {
@@ -190,6 +192,8 @@ void check_replicas(comm::ProcessGroup& shard, comm::ProcessGroup& replicate) {
                  shard.size(), ": the groups must be two dimensions of one mesh ({\"replicate\", \"shard\"})");
   }
 }
+
+}  // namespace
 
 std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<comm::ProcessGroup> pg,
                                        FullyShardOptions options) {
@@ -204,7 +208,10 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
   s.instance = g_engines++;
   s.pg = std::move(pg);
   s.options = options;
-  if (options.replicate_group() && options.replicate_group()->size() > 1) check_replicas(*s.pg, *options.replicate_group());
+  // HSDP's replicas; a replicate group of one is plain FSDP.
+  comm::ProcessGroup* replicas =
+      options.replicate_group() && options.replicate_group()->size() > 1 ? options.replicate_group().get() : nullptr;
+  if (replicas) check_replicas(*s.pg, *replicas);
   s.root = &root;
 
   // The units, each once.
@@ -255,7 +262,7 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
   // HSDP: across the replicas first (the shard group's rank 0 of each gets global rank 0's), then
   // within each shard group.
   std::vector<comm::ProcessGroup*> sync_over;
-  if (options.replicate_group() && options.replicate_group()->size() > 1) sync_over.push_back(options.replicate_group().get());
+  if (replicas) sync_over.push_back(replicas);
   if (s.pg->size() > 1) sync_over.push_back(s.pg.get());
   if (options.sync_module_states()) {
     at::NoGradGuard no_grad;
@@ -291,7 +298,7 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
     if (u >= first_root) s.root_units.push_back(u);
     s.units.push_back(std::make_unique<UnitShard>(u >= first_root ? "(root) " + groups[u].first : groups[u].first,
                                                   std::move(groups[u].second), *s.pg,
-                                                  options.replicate_group().get(), policy));
+                                                  replicas, policy));
     if (u < first_root) s.modules.push_back(found[u].second);
   }
   // The hooks while the parameters have their whole shape and their final dtype (Note [Unit

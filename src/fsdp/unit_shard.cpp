@@ -23,7 +23,7 @@ void timed_wait(comm::ProcessGroup& pg, c10::intrusive_ptr<c10d::Work> work, con
 
 UnitShard::UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg,
                      comm::ProcessGroup* replicate, const MixedPrecisionPolicy& policy)
-    : name_(std::move(name)), pg_(pg), replicate_(replicate && replicate->size() > 1 ? replicate : nullptr),
+    : name_(std::move(name)), pg_(pg), replicate_(replicate),
       world_(pg.size()), rank_(pg.rank()) {
   at::TensorOptions options;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -233,9 +233,8 @@ void UnitShard::finish_reduce() {
   at::Tensor out = std::exchange(reduce_output_, at::Tensor());
   if (replicate_ && per_rank_ > 0) {
     // HSDP: the replicas hold the same rows; each has this shard group's sum, the total is theirs.
-    const auto start = std::chrono::steady_clock::now();
-    replicate_->all_reduce(out, comm::ReduceOp::Sum);
-    reduce_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    timed_wait(*replicate_, replicate_->all_reduce_async(out, comm::ReduceOp::Sum),
+               "fsdp all-reduce across the replicas of unit '" + name_ + "'", reduce_wait_s_);
   }
   for (auto& slot : slots_) {
     if (!slot.shard.requires_grad()) continue;

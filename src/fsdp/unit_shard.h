@@ -54,7 +54,7 @@ class UnitShard {
 
   /// Copies this rank's rows of `params` (each whole and the same on every rank) into its shards;
   /// the parameters are untouched until take_placeholders().
-  /// `replicate`: HSDP's replica group (FullyShardOptions::replicate_group), or null.
+  /// `replicate`: HSDP's replica group (FullyShardOptions::replicate_group, of two or more), or null.
   UnitShard(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, comm::ProcessGroup& pg,
             comm::ProcessGroup* replicate, const MixedPrecisionPolicy& policy);
   /// Makes each parameter a placeholder of its whole shape in the compute dtype, without memory
@@ -120,7 +120,7 @@ class UnitShard {
 
   std::string name_;
   comm::ProcessGroup& pg_;
-  comm::ProcessGroup* replicate_ = nullptr;  // HSDP's replicas, or null
+  comm::ProcessGroup* replicate_ = nullptr;  // HSDP's replicas (two or more), or null
   int64_t world_ = 1, rank_ = 0, per_rank_ = 0;
   at::ScalarType compute_ = at::kFloat, reduce_ = at::kFloat;  // the shards are local_'s dtype
   std::vector<Slot> slots_;

@@ -635,7 +635,9 @@ TEST(Fsdp, MixedPrecisionKeepsFloat32ShardsAndGathersLowPrecision) {
   mlp().loss(model->forward(x), y).backward();
   for (const auto& [name, shard] : model->named_shard_parameters()) {
     EXPECT_EQ(shard.scalar_type(), at::kFloat) << name;
-    if (shard.numel() > 0) EXPECT_EQ(shard.grad().scalar_type(), at::kFloat) << name;
+    if (shard.numel() > 0) {
+      EXPECT_EQ(shard.grad().scalar_type(), at::kFloat) << name;
+    }
   }
   EXPECT_THAT(tandem::test::error_of([&] {
                 fsdp::FullyShardedDataParallel bad(mlp().make(), shared_pg(),

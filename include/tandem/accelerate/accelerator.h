@@ -100,7 +100,7 @@ class Accelerator {
   bool is_local_main_process() const { return world_.is_local_main(); }
   /// Where prepared models and batches live: cuda:LOCAL_RANK when a GPU is visible, else cpu.
   const c10::Device& device() const { return device_; }
-  Strategy strategy() const { return strategy_; }
+  Strategy strategy() const { return plan_.strategy; }
   /// One line: the strategy chosen and why ("ddp: 2 processes launched by torchrun / tandem run").
   const std::string& strategy_reason() const { return reason_; }
   /// The process group (null for a single process without DDP). The Accelerator owns it.
@@ -295,9 +295,8 @@ class Accelerator {
   AcceleratorOptions options_;
   comm::World world_;
   c10::Device device_{c10::kCPU};
-  Strategy strategy_ = Strategy::Single;
   std::string reason_;
-  ParallelismPlan plan_{Strategy::Single};
+  ParallelismPlan plan_{Strategy::Single};  // its strategy is the one chosen (never Auto after construction)
   std::shared_ptr<comm::ProcessGroup> pg_;
   std::optional<comm::DeviceMesh> mesh_;
   std::unique_ptr<amp::GradScaler> scaler_;
@@ -326,11 +325,11 @@ PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
   std::optional<typename Impl::Ddp> ddp;
   std::optional<typename Impl::Dp> dp;
   std::optional<typename Impl::Fsdp> fully_sharded;
-  if (strategy_ == Strategy::Ddp) {
+  if (plan_.strategy == Strategy::Ddp) {
     ddp.emplace(module, pg_, options_.ddp());
-  } else if (strategy_ == Strategy::DataParallel) {
+  } else if (plan_.strategy == Strategy::DataParallel) {
     dp.emplace(module, options_.dp());
-  } else if (strategy_ == Strategy::Fsdp) {
+  } else if (plan_.strategy == Strategy::Fsdp) {
     fully_sharded.emplace(module, shard_group(), fsdp_options(*module));
   }
   std::optional<typename Impl::Autocast> autocast;

@@ -78,6 +78,11 @@ class DeviceMesh {
     std::vector<Dim> dims;
     std::vector<int64_t> coordinate;  // this process's, along dims
     std::vector<Dim> flattened;
+    std::vector<int64_t> shape() const {
+      std::vector<int64_t> sizes;
+      for (const auto& d : dims) sizes.push_back(d.size);
+      return sizes;
+    }
   };
   DeviceMesh(std::shared_ptr<Root> root, std::vector<Dim> dims) : root_(std::move(root)), dims_(std::move(dims)) {}
   const Dim& find(const std::string& dim) const;

@@ -106,6 +106,8 @@ class ProcessGroup {
   const World& world() const { return world_; }
   /// "world" for create()'s group, else the name given to split() / new_group().
   const std::string& name() const { return name_; }
+  /// Whether split() or new_group() made this group (messages then name it and global ranks).
+  bool is_subgroup() const { return subgroup_; }
   /// The global rank of this group's rank `group_rank`; -1 past the group.
   int global_rank(int group_rank) const;
   /// The group rank of global rank `global`; -1 when it is not in the group.
@@ -214,6 +216,7 @@ class ProcessGroup {
   ProcessGroupOptions options_;
   int rank_ = 0, size_ = 1;
   std::string name_ = "world";
+  bool subgroup_ = false;
   std::vector<int> global_ranks_;    // group rank -> global rank
   int splits_ = 0;                   // subgroups made from this one: the next one's key scope
   std::vector<uint64_t> sent_, received_;  // p2p messages per peer, for messages
