@@ -130,6 +130,7 @@ fsdp::FullyShardOptions Accelerator::fsdp_options(torch::nn::Module& model) cons
   fsdp::FullyShardOptions options = options_.fsdp();
   if (mesh_) options.replicate_group(mesh_->group("replicate"));  // HSDP
   if (!options.auto_wrap() && !fsdp::detail::has_units(model)) options.auto_wrap(fsdp::AutoWrapPolicy());
+  if (!options.activation_checkpointing()) options.activation_checkpointing(options_.activation_checkpointing());
   // accelerate's FSDP2 plugin: mixed_precision gathers, computes and reduces in its dtype (autocast
   // still applies on top); a param_dtype of the user's own wins, float32 gathers whole precision.
   fsdp::MixedPrecisionPolicy policy = options.mixed_precision();
@@ -139,6 +140,13 @@ fsdp::FullyShardOptions Accelerator::fsdp_options(torch::nn::Module& model) cons
     options.mixed_precision(policy);
   }
   return options;
+}
+
+void Accelerator::checkpoint_activations(torch::nn::Module& model) const {
+  TANDEM_CHECK(plan_.strategy != Strategy::DataParallel,
+               "Accelerator: activation_checkpointing is not available under DataParallel (its replicas are clones "
+               "of the model): start one process per device (tandem run --nproc-per-node N) with Strategy::Ddp or Fsdp");
+  nn::checkpoint_modules(model, *options_.activation_checkpointing());
 }
 
 std::vector<Accelerator::ModelSlot> Accelerator::model_layout(const fsdp::detail::Engine* engine,

@@ -51,6 +51,7 @@
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/fsdp/unit.h"
 #include "tandem/host_allocator.h"
+#include "tandem/nn/checkpoint_module.h"
 #include "tandem/zero/clip_grad_norm.h"
 
 namespace tandem::fsdp::detail {
@@ -193,6 +194,24 @@ void check_replicas(comm::ProcessGroup& shard, comm::ProcessGroup& replicate) {
   }
 }
 
+// Note [Checkpointed units]: a checkpointed unit recomputes its wrapped forward inside its own
+// backward, where the engine has gathered it again (its BeforeBackward hook sits on the checkpoint's
+// autograd node, whose backward is the recompute). A unit that would run inside a recompute (in a
+// checkpointed unit, or in a tandem::nn::Checkpoint) would gather, hook and reshard itself inside the
+// backward of another, out of the engine's order: refused.
+void check_recomputes(torch::nn::Module& root) {
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    const auto* unit = dynamic_cast<UnitImpl*>(item.value().get());
+    const bool recomputes = dynamic_cast<nn::CheckpointImpl*>(item.value().get()) || (unit && unit->activation_checkpointing());
+    if (!recomputes) continue;
+    for (const auto& inner : item.value()->named_modules(item.key(), /*include_self=*/false)) {
+      TANDEM_CHECK(!dynamic_cast<UnitImpl*>(inner.value().get()), "fsdp: unit '", inner.key(), "' is inside '",
+                   item.key(), "', which is checkpointed: checkpoint the inner units instead (a unit cannot run inside ",
+                   "another's recompute)");
+    }
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<comm::ProcessGroup> pg,
@@ -226,6 +245,7 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
     TANDEM_CHECK(!unit->attached(), "fsdp: unit '", item.key(), "' already belongs to another FullyShardedDataParallel");
     found.emplace_back(item.key(), unit);
   }
+  check_recomputes(root);
 
   // Each parameter to the innermost unit whose path prefixes its name; a tensor reachable under
   // two names (a tied weight) must fall in one unit.
@@ -677,7 +697,9 @@ MemoryBytes Engine::memory() const {
 
 std::vector<UnitInfo> Engine::units() const {
   std::vector<UnitInfo> out;
-  for (const auto& unit : s_->units) out.push_back({unit->name(), unit->unsharded_numel(), unit->shard_numel()});
+  for (const auto& unit : s_->units) {
+    out.push_back({unit->name(), unit->unsharded_numel(), unit->shard_numel(), unit->gathers()});
+  }
   return out;
 }
 

@@ -82,6 +82,7 @@ int64_t UnitShard::unsharded_numel() const {
 
 void UnitShard::start_gather() {
   if (gathered_ || gathering()) return;
+  ++gathers_;
   if (world_ == 1 || per_rank_ == 0) {
     gather_pending_ = true;
     return;

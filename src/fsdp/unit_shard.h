@@ -110,6 +110,8 @@ class UnitShard {
   /// Host seconds spent waiting for this unit's all-gathers and reduce-scatters, since construction.
   double gather_wait_seconds() const { return gather_wait_s_; }
   double reduce_wait_seconds() const { return reduce_wait_s_; }
+  /// Gathers started since construction (a world of one counts them too).
+  int64_t gathers() const { return gathers_; }
 
  private:
   /// From an all-gather's W x S rank-major rows into `into` (W·S elements): each parameter's rows
@@ -138,6 +140,7 @@ class UnitShard {
   bool reduce_pending_ = false;
   at::Tensor inverse_world_;
   double gather_wait_s_ = 0, reduce_wait_s_ = 0;
+  int64_t gathers_ = 0;
 };
 
 }  // namespace tandem::fsdp::detail

@@ -263,6 +263,8 @@ class Accelerator {
 
   void initialize();
   fsdp::FullyShardOptions fsdp_options(torch::nn::Module& model) const;
+  /// activation_checkpointing under Single and Ddp (FSDP's own option does it under Fsdp).
+  void checkpoint_activations(torch::nn::Module& model) const;
   /// The groups the strategies reduce over: DDP's and ZeRO's (every process: shard, tp and pp
   /// are 1 under them), FSDP's shards (the mesh's "shard" under HSDP).
   std::shared_ptr<comm::ProcessGroup> data_parallel_group() const { return pg_; }
@@ -322,6 +324,7 @@ template <typename ModuleHolder>
 PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
   using Impl = PreparedModelImpl<ModuleHolder>;
   module->to(device_);
+  if (options_.activation_checkpointing() && plan_.strategy != Strategy::Fsdp) checkpoint_activations(*module);
   std::optional<typename Impl::Ddp> ddp;
   std::optional<typename Impl::Dp> dp;
   std::optional<typename Impl::Fsdp> fully_sharded;

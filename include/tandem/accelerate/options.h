@@ -2,6 +2,7 @@
 // Options of tandem::Accelerator.
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <torch/arg.h>
@@ -12,6 +13,7 @@
 #include "tandem/ddp/options.h"
 #include "tandem/dp/options.h"
 #include "tandem/fsdp/options.h"
+#include "tandem/nn/checkpoint_policy.h"
 
 namespace tandem {
 
@@ -90,6 +92,12 @@ struct AcceleratorOptions {
   /// process, FSDP shards over every process; shard_size below the process count under FSDP is
   /// HSDP (shards within groups of shard_size, replicated across them).
   TORCH_ARG(ParallelismConfig, parallelism) = {};
+  /// Activation checkpointing (tandem/nn/checkpoint_policy.h): the blocks this policy picks recompute
+  /// their forward in backward instead of keeping its activations. Under Strategy::Fsdp it is
+  /// `fsdp().activation_checkpointing()` when that is unset (units checkpoint themselves, gathered
+  /// again for the recompute); under Single and Ddp prepare_model applies it to the model. Refused
+  /// under DataParallel (its replicas are clones). Unset: none.
+  TORCH_ARG(std::optional<nn::CheckpointPolicy>, activation_checkpointing) = std::nullopt;
 };
 
 }  // namespace tandem

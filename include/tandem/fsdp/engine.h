@@ -45,6 +45,7 @@ struct UnitInfo {
   std::string name;               // its path in the root ("" for the root's own parameters)
   int64_t numel = 0;              // elements of its parameters, whole
   int64_t shard_numel = 0;        // elements of one rank's shards, padding included
+  int64_t gathers = 0;            // all-gathers of its parameters since wrapping (forward, backward, prefetch)
 };
 
 /// How one parameter is cut (Note [Unit layout] in src/fsdp/unit_shard.h): rows [first_row,

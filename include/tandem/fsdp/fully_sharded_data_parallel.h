@@ -33,6 +33,7 @@
 #include "tandem/fsdp/forward_cast.h"
 #include "tandem/fsdp/options.h"
 #include "tandem/fsdp/unit.h"
+#include "tandem/nn/checkpoint_policy.h"
 #include "tandem/output_tensors.h"
 
 namespace tandem::fsdp {
@@ -78,6 +79,7 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   FullyShardedDataParallelImpl(ModuleHolder module, std::shared_ptr<comm::ProcessGroup> pg, FullyShardOptions options = {})
       : torch::nn::Module("FullyShardedDataParallel"), module_(register_module("module", module)) {
     if (options.auto_wrap()) auto_wrap(*module_, *options.auto_wrap());
+    if (options.activation_checkpointing()) nn::checkpoint_modules(*module_, *options.activation_checkpointing());
     engine_ = detail::Engine::create(*module_, std::move(pg), options);
   }
   /// Over a mesh: 1-D, FSDP over its group; 2-D ({replicate, shard}), HSDP (FullyShardOptions::
@@ -85,6 +87,7 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   FullyShardedDataParallelImpl(ModuleHolder module, const comm::DeviceMesh& mesh, FullyShardOptions options = {})
       : torch::nn::Module("FullyShardedDataParallel"), module_(register_module("module", module)) {
     if (options.auto_wrap()) auto_wrap(*module_, *options.auto_wrap());
+    if (options.activation_checkpointing()) nn::checkpoint_modules(*module_, *options.activation_checkpointing());
     auto [shard, with_replicas] = detail::mesh_groups(mesh, std::move(options));
     engine_ = detail::Engine::create(*module_, std::move(shard), with_replicas);
   }

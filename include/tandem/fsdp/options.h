@@ -10,6 +10,7 @@
 #include "tandem/comm/process_group.h"
 #include "tandem/fsdp/auto_wrap_policy.h"
 #include "tandem/fsdp/mixed_precision.h"
+#include "tandem/nn/checkpoint_policy.h"
 
 namespace tandem::fsdp {
 
@@ -37,6 +38,10 @@ struct FullyShardOptions {
   /// groups must tile the job as a mesh's two dimensions do (DeviceMesh: {"replicate", "shard"}).
   /// Unset or of size 1: plain FSDP.
   TORCH_ARG(std::shared_ptr<comm::ProcessGroup>, replicate_group) = nullptr;
+  /// Activation checkpointing of the units this policy picks (after auto_wrap): each recomputes its
+  /// forward in its backward, once it is gathered again (tandem::nn::checkpoint_modules; a unit's
+  /// own flag: Unit::set_activation_checkpointing). Unset: none.
+  TORCH_ARG(std::optional<nn::CheckpointPolicy>, activation_checkpointing) = std::nullopt;
 };
 
 }  // namespace tandem::fsdp

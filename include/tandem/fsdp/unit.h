@@ -13,6 +13,11 @@
 //   block1 = register_module("block1", tandem::fsdp::Unit(Block(...)));
 //   x = block1->forward(x);                          // or block1->call<at::Tensor>(x, mask)
 //
+// Activation checkpointing (tandem/nn/checkpoint.h): block1->set_activation_checkpointing(true), or
+// FullyShardOptions::activation_checkpointing. The unit gathers, then runs the wrapped forward as a
+// checkpointed segment; the segment's backward (the recompute) runs once the engine has gathered the
+// unit again for its backward (Note [Checkpointed units] in src/fsdp/engine.cpp).
+//
 // A module inside a unit must be called through the unit: its parameters are empty while the
 // unit is at rest.
 #include <cstddef>
@@ -27,7 +32,10 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/pimpl.h>
 
+#include "tandem/error.h"
 #include "tandem/fsdp/forward_cast.h"
+#include "tandem/nn/checkpoint.h"
+#include "tandem/nn/checkpoint_module.h"
 #include "tandem/output_tensors.h"
 
 namespace tandem::fsdp {
@@ -45,7 +53,7 @@ std::optional<at::ScalarType> output_dtype(const Engine& engine);
 
 }  // namespace detail
 
-class UnitImpl : public torch::nn::Module {
+class UnitImpl : public torch::nn::Module, public nn::Checkpointable {
  public:
   /// Wraps `module` (any module with a forward). Throws tandem::Error when it is a Unit already.
   explicit UnitImpl(torch::nn::AnyModule module);
@@ -60,10 +68,10 @@ class UnitImpl : public torch::nn::Module {
   template <typename R = at::Tensor, typename... Args>
   R call(Args&&... args) {
     auto engine = engine_.lock();
-    if (!engine) return inner_.forward<R>(std::forward<Args>(args)...);
+    if (!engine) return run<R>(std::forward<Args>(args)...);
     detail::unit_pre_forward(*engine, index_);
     const auto dtype = detail::input_dtype(*engine);
-    R output = inner_.forward<R>(detail::cast_argument(std::forward<Args>(args), dtype)...);
+    R output = run<R>(detail::cast_argument(std::forward<Args>(args), dtype)...);
     detail::cast_output(output, detail::output_dtype(*engine));
     {
       std::vector<at::Tensor> tensors;
@@ -78,6 +86,15 @@ class UnitImpl : public torch::nn::Module {
   void train(bool on = true) override;
   void pretty_print(std::ostream& stream) const override;
 
+  /// Run the wrapped forward as one checkpointed segment (nn::checkpoint with the unit's parameters)
+  /// or not. Set it before the first forward under FullyShardedDataParallel: the engine refuses a
+  /// checkpointed unit that contains units when it is made.
+  void set_activation_checkpointing(bool on, const nn::CheckpointOptions& options = {}) override {
+    checkpoint_ = on ? std::optional<nn::CheckpointOptions>(options) : std::nullopt;
+  }
+  bool activation_checkpointing() const override { return checkpoint_.has_value(); }
+  std::string wrapped_name() const override { return module_->name(); }
+
   /// Set by FullyShardedDataParallel when it takes the unit (engine.cpp).
   void attach(std::weak_ptr<detail::Engine> engine, size_t index);
   bool attached() const { return !engine_.expired(); }
@@ -87,6 +104,26 @@ class UnitImpl : public torch::nn::Module {
   std::shared_ptr<torch::nn::Module> module_;
   std::weak_ptr<detail::Engine> engine_;
   size_t index_ = 0;
+  std::optional<nn::CheckpointOptions> checkpoint_;
+
+  // The wrapped forward, checkpointed when asked.
+  template <typename R, typename... Args>
+  R run(Args&&... args) {
+    if constexpr (nn::detail::SegmentOutput<R>::supported &&
+                  (std::is_copy_constructible_v<std::decay_t<Args>> && ... && true)) {
+      if (checkpoint_) {
+        torch::nn::AnyModule inner = inner_;
+        auto forward = [inner](auto&&... a) mutable { return inner.forward<R>(std::forward<decltype(a)>(a)...); };
+        return nn::checkpoint(nn::CheckpointOptions(*checkpoint_).parameters(parameters()), forward,
+                              std::forward<Args>(args)...);
+      }
+    } else {
+      TANDEM_CHECK(!checkpoint_, "fsdp: unit '", module_->name(), "' is checkpointed, but its forward returns a ",
+                   "value or takes an argument that checkpointing cannot keep: return at::Tensor, a std::vector or a ",
+                   "std::tuple of tensors, and take copyable arguments");
+    }
+    return inner_.forward<R>(std::forward<Args>(args)...);
+  }
 };
 TORCH_MODULE(Unit);
 
