@@ -5,6 +5,11 @@
 //   tandem run --nproc-per-node 4 -- ./tiny_gpt [--epochs 2] [--strategy fsdp|ddp|single|auto]
 //       [--layers 4] [--dim 128] [--batch-size 16] [--mixed-precision no|bf16|fp16]
 //       [--checkpoints DIR] [--checkpointing-steps N] [--resume-from DIR]
+//       [--dropout P] [--activation-checkpointing [--checkpoint-every N]]
+//
+// --activation-checkpointing recomputes each block's forward (every N-th with --checkpoint-every)
+// in backward instead of keeping its activations (tandem/nn/checkpoint.h): the same training, bit
+// for bit (dropout's masks drawn again from the same generator state), for less memory.
 //
 // The text is a synthetic language, the same on every process: each of 64 tokens is followed by
 // one of two successors, with equal odds. A model that learned it predicts the next token with a
@@ -35,8 +40,10 @@ constexpr int64_t kVocab = 64;
 
 // Pre-LN block: x + proj(causal attention(ln1(x))), then x + fc2(gelu(fc1(ln2(x)))).
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t dim, int64_t heads)
-      : heads(heads),
+  BlockImpl(int64_t dim, int64_t heads, double dropout)
+      : torch::nn::Module("Block"),
+        heads(heads),
+        dropout(dropout),
         ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
         qkv(register_module("qkv", torch::nn::Linear(dim, 3 * dim))),
         proj(register_module("proj", torch::nn::Linear(dim, dim))),
@@ -48,10 +55,12 @@ struct BlockImpl : torch::nn::Module {
     auto qkv_heads = qkv(ln1(x)).view({b, t, 3, heads, d / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
     at::Tensor y = at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/{},
                                                     /*dropout_p=*/0.0, /*is_causal=*/true);
-    at::Tensor h = x + proj(y.transpose(1, 2).reshape({b, t, d}));
-    return h + fc2(at::gelu(fc1(ln2(h))));
+    at::Tensor h = x + drop(proj(y.transpose(1, 2).reshape({b, t, d})));
+    return h + drop(fc2(at::gelu(fc1(ln2(h)))));
   }
+  at::Tensor drop(const at::Tensor& x) { return dropout > 0 ? at::dropout(x, dropout, is_training()) : x; }
   int64_t heads;
+  double dropout;
   torch::nn::LayerNorm ln1;
   torch::nn::Linear qkv, proj;
   torch::nn::LayerNorm ln2;
@@ -62,13 +71,13 @@ TORCH_MODULE(Block);
 // The units: every block (wrap_entries), the embedding and the head. What is in no unit (the
 // position embedding, the last LayerNorm) is the root unit's, gathered for the whole step.
 struct GptImpl : torch::nn::Module {
-  GptImpl(int64_t context, int64_t dim, int64_t layers, int64_t heads)
+  GptImpl(int64_t context, int64_t dim, int64_t layers, int64_t heads, double dropout)
       : tok_emb(register_module("tok_emb", tandem::fsdp::Unit(torch::nn::Embedding(kVocab, dim)))),
         pos_emb(register_module("pos_emb", torch::nn::Embedding(context, dim))),
         blocks(register_module("blocks", torch::nn::Sequential())),
         ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
         head(register_module("head", tandem::fsdp::Unit(torch::nn::Linear(dim, kVocab)))) {
-    for (int64_t i = 0; i < layers; ++i) blocks->push_back(Block(dim, heads));
+    for (int64_t i = 0; i < layers; ++i) blocks->push_back(Block(dim, heads, dropout));
     tandem::fsdp::wrap_entries(*blocks);
   }
   at::Tensor forward(const at::Tensor& tokens) {  // [B,T] -> logits [B,T,V]
@@ -114,6 +123,9 @@ int train(int argc, char** argv) {
   int epochs = 2;
   int64_t layers = 4, dim = 128, heads = 4, context = 32, batch_size = 16, samples = 4096, checkpointing_steps = 0;
   std::string strategy = "fsdp", precision = "no", checkpoints = "checkpoints", resume_from;
+  double dropout = 0.0;
+  bool activation_checkpointing = false;
+  int64_t checkpoint_every = 1;
   app.add_option("--epochs", epochs, "Passes over the training text")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--layers", layers, "Transformer blocks")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--dim", dim, "Model width (a multiple of --heads)")->check(CLI::PositiveNumber)->capture_default_str();
@@ -126,6 +138,11 @@ int train(int argc, char** argv) {
   app.add_option("--checkpointing-steps", checkpointing_steps, "Also save a checkpoint every N steps (0: at the end only)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--resume-from", resume_from, "A checkpoint folder (or a folder of them) to continue from");
+  app.add_option("--dropout", dropout, "Dropout after attention and MLP")->check(CLI::Range(0.0, 0.9))->capture_default_str();
+  app.add_flag("--activation-checkpointing", activation_checkpointing,
+               "Recompute the blocks' forwards in backward instead of keeping their activations");
+  app.add_option("--checkpoint-every", checkpoint_every, "With --activation-checkpointing: every N-th block only")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (dim % heads != 0) {
     std::fprintf(stderr, "tiny_gpt: --dim %lld is not a multiple of --heads %lld\n", static_cast<long long>(dim),
@@ -133,11 +150,15 @@ int train(int argc, char** argv) {
     return 2;
   }
 
-  tandem::Accelerator acc(tandem::AcceleratorOptions()
-                              .strategy(kStrategies.at(strategy))
-                              .mixed_precision(kPrecisions.at(precision))
-                              .seed(42));
-  auto model = acc.prepare_model(Gpt(context, dim, layers, heads));
+  auto options = tandem::AcceleratorOptions()
+                     .strategy(kStrategies.at(strategy))
+                     .mixed_precision(kPrecisions.at(precision))
+                     .seed(42);
+  if (activation_checkpointing) {
+    options.activation_checkpointing(tandem::nn::CheckpointPolicy().every_n(checkpoint_every).module_types({"Block"}));
+  }
+  tandem::Accelerator acc(options);
+  auto model = acc.prepare_model(Gpt(context, dim, layers, heads, dropout));
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   acc.prepare_optimizer(optimizer);
   auto [train_x, train_y] = sentences(samples, context, 1);
