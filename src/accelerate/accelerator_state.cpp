@@ -191,7 +191,7 @@ std::vector<at::Tensor> Accelerator::held_parameters(size_t o) const {
 // Note [Sharded checkpoints]
 // Under FSDP no process holds a whole model, and a checkpoint must not make one: every rank
 // writes its shards' rows of the weights (model_<m>.rank<r>.safetensors) and of the optimizer's
-// state (optimizer_<o>.rank<r>.safetensors), Note [Row-sharded files]; a loader at any world
+// state (optimizer_<o>.rank<r>.safetensors), Note [Sharded files]; a loader at any world
 // size and under any strategy reads the rows it needs from whichever files hold them. The files
 // travel to the main process one rank at a time (send_to_main), so saving needs no shared file
 // system and the main process never holds more than two ranks' shards. Whole models (DDP, ZeRO,
@@ -236,16 +236,16 @@ std::string Accelerator::save_state(const std::string& root) {
       continue;
     }
     auto build = [&] {
-      std::vector<accelerate::RowPiece> pieces;
+      std::vector<accelerate::ChunkPiece> pieces;
       for (size_t i = 0; i < layout.size(); ++i) {
         const auto& slot = layout[i];
         // Whole tensors (buffers) and tensors of no rows at all (one empty piece): rank 0's.
         const bool empty = !slot.shape.empty() && slot.shape[0] == 0;
         if ((slot.count > 0 && writes_rows()) || (world_.rank == 0 && (slot.count < 0 || empty))) {
-          pieces.push_back({slot.name, held[i].second, slot.first_row, slot.shape});
+          pieces.push_back(accelerate::ChunkPiece::rows(slot.name, held[i].second, slot.first_row, slot.shape));
         }
       }
-      return accelerate::row_pieces_bytes(pieces);
+      return accelerate::chunk_pieces_bytes(pieces);
     };
     send_to_main(pg_, build, [&](int r, std::string bytes) {
       attempt([&] { writer->add_file(model_file(m, r, true), bytes); });
@@ -276,13 +276,14 @@ std::string Accelerator::save_state(const std::string& root) {
                                                        {{"format", "pt"}})
                        : optimizer_bytes(optimizer);
         }
-        std::vector<accelerate::RowPiece> row_pieces;
+        std::vector<accelerate::ChunkPiece> row_pieces;
         for (auto& owned : pieces->owned_state()) {
           if (owned.key == "step" ? world_.rank != 0 : !writes_rows()) continue;  // "step": the same everywhere
-          row_pieces.push_back({names.at(owned.param.unsafeGetTensorImpl()) + "." + owned.key, owned.rows,
-                                owned.first_row, owned.key == "step" ? owned.rows.sizes().vec() : owned.whole_shape});
+          row_pieces.push_back(accelerate::ChunkPiece::rows(
+              names.at(owned.param.unsafeGetTensorImpl()) + "." + owned.key, owned.rows, owned.first_row,
+              owned.key == "step" ? owned.rows.sizes().vec() : owned.whole_shape));
         }
-        return accelerate::row_pieces_bytes(row_pieces);
+        return accelerate::chunk_pieces_bytes(row_pieces);
       };
       send_to_main(pg_, build, [&](int r, std::string bytes) {
         attempt([&] { writer->add_file(optimizer_file(o, r, true, named), bytes); });

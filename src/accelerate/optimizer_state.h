@@ -62,7 +62,7 @@ struct HeldRows {
 };
 
 /// Reads the state of the parameters in `held` from `files` (the optimizer's safetensors files,
-/// already verified against the manifest; whole or row-sharded, Note [Row-sharded files]) and
+/// already verified against the manifest; whole or sharded, Note [Sharded files]) and
 /// checks it against `description` and this optimizer (type, groups, names, shapes, every file's
 /// tensors naming one of its parameters, none twice). `held_rows` says what of each parameter's
 /// state to keep (default: all of it, the parameter's shape). Throws tandem::Error, one line

@@ -49,7 +49,7 @@ int info(const std::string& path) {
       }
       const std::string where =
           files.size() == 1 ? files[0]
-                            : message("model_", m, ".rank*.safetensors, sharded by rows in ", files.size(), " files");
+                            : message("model_", m, ".rank*.safetensors, sharded in ", files.size(), " files");
       std::printf("model %zu      %s: %zu tensors, %lld elements\n", m, where.c_str(), weights.names().size(),
                   static_cast<long long>(numel));
     }

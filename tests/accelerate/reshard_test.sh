@@ -116,7 +116,7 @@ if refused=$("$tandem" checkpoint consolidate "$work/save-w4-z1.ckpt" --optimize
 fi
 # Under FSDP every rank wrote its rows (Note [Sharded checkpoints]): no file holds the whole model.
 info=$("$tandem" checkpoint info "$work/save-w4-z3.ckpt")
-grep -q "model 0      model_0.rank\*.safetensors, sharded by rows in 4 files: 4 tensors, 200 elements" <<<"$info" &&
+grep -q "model 0      model_0.rank\*.safetensors, sharded in 4 files: 4 tensors, 200 elements" <<<"$info" &&
   grep -q "optimizer 0  AdamW, sharded, 4 file(s)" <<<"$info" || fail "tandem checkpoint info of an FSDP checkpoint: $info"
 fsdp_ckpt=$(newest "$work/save-w4-z3.ckpt")
 [[ ! -e "$fsdp_ckpt/model_0.safetensors" && -f "$fsdp_ckpt/model_0.rank3.safetensors" ]] ||

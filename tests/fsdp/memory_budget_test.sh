@@ -61,7 +61,7 @@ fi
 # Its checkpoint, written within the budget: every rank's rows, no whole model anywhere.
 if (( fsdp_status == 0 )); then
   info=$("$tandem" checkpoint info "$work/fsdp-$(( budget * 1024 * 1024 )).ckpt" 2>&1) &&
-    grep -q "model_0.rank\*.safetensors, sharded by rows in 4 files: 24 tensors, 50356224 elements" <<<"$info" &&
+    grep -q "model_0.rank\*.safetensors, sharded in 4 files: 24 tensors, 50356224 elements" <<<"$info" &&
     echo "  checkpoint saved under the budget: $(grep '^model 0' <<<"$info")" ||
     { echo "FAIL: FSDP's checkpoint under the budget: $info"; status=1; }
 fi

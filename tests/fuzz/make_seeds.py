@@ -73,6 +73,13 @@ write("safetensors", "dtypes.safetensors", safetensors([
 write("safetensors", "empty_and_scalar.safetensors", safetensors(
     [("scalar", "F32", [], struct.pack("<f", 2)), ("empty", "F32", [0, 3], b"")]))
 write("safetensors", "no_tensors.safetensors", safetensors([], {"step": "12"}))
+# Pieces that cover their tensors (Note [Sharded files]): the only sets of one file accepted.
+write("safetensors", "chunks.safetensors", safetensors(
+    [("w", "F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)), ("s", "F32", [1], struct.pack("<f", 5))],
+    {"format": "pt", "tandem_chunks": json.dumps({"w": [[0, 0], [2, 2]], "s": [[0], []]})}))
+write("safetensors", "rows.safetensors", safetensors(
+    [("w", "F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)), ("b", "I64", [1], struct.pack("<q", 9))],
+    {"format": "pt", "tandem_rows": json.dumps({"w": [0, [2, 2]], "b": [0, [1]]})}))
 
 # Checkpoint manifests, as CheckpointWriter::commit writes them, for manifest_fuzzer.cpp's files.
 files = {"model.safetensors": b"tandem!\n", "state.json": b"", "rank_1/rng.bin": b"\x00\x01\x02\x03"}

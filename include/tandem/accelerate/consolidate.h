@@ -1,6 +1,6 @@
 #pragma once
 // One file from a checkpoint's weights or optimizer state, whatever the world size and sharding it
-// was saved with (Note [Row-sharded files] in src/accelerate/sharded_tensors.h, Note [Optimizer
+// was saved with (Note [Sharded files] in src/accelerate/sharded_tensors.h, Note [Optimizer
 // state by name] in src/accelerate/optimizer_state.h). `tandem checkpoint consolidate` calls them;
 // Python reads the result with safetensors.torch.load_file.
 //

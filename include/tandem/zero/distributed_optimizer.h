@@ -32,7 +32,7 @@ class DistributedOptimizer {
     Whole,
     /// Each rank holds the whole state of some parameters (owner_of): a file per rank.
     ByParameter,
-    /// Each rank holds dim-0 rows of every parameter's state: a file per rank (Note [Row-sharded files]).
+    /// Each rank holds dim-0 rows of every parameter's state: a file per rank (Note [Sharded files]).
     ByRows,
   };
 
