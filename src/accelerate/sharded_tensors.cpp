@@ -21,8 +21,10 @@ std::vector<int64_t> box_shape(const std::vector<int64_t>& shape) {
   return shape.empty() ? std::vector<int64_t>{1} : shape;
 }
 
-/// Elements of a box, or -1 when they do not fit in int64.
+/// Elements of a box, or -1 when they do not fit in int64 (an empty dimension makes it 0, whatever
+/// the others).
 int64_t volume(const std::vector<int64_t>& sizes) {
+  if (std::find(sizes.begin(), sizes.end(), 0) != sizes.end()) return 0;
   int64_t n = 1;
   for (auto s : sizes) {
     if (__builtin_mul_overflow(n, s, &n)) return -1;

@@ -447,6 +447,10 @@ void Engine::root_post_forward(const std::vector<at::Tensor>& outputs, bool comp
 
 void Engine::unit_pre_forward(size_t unit) {
   State& s = *s_;
+  // Note [Checkpointed units]: the wrap-time check sees the module tree; this one sees a unit called
+  // from a checkpointed lambda that check_recomputes could not.
+  TANDEM_CHECK(!nn::detail::in_recompute(), "fsdp: unit '", s.units[unit]->name(), "' ran inside an activation "
+               "checkpoint's recompute: checkpoint the inner units instead (a unit cannot run inside a recompute)");
   s.order.push_back(unit);
   s.units[unit]->finish_gather();
   s.note_peak();

@@ -20,9 +20,11 @@
 #include "tandem/nn/checkpoint.h"
 
 #include <sstream>
+#include <unordered_set>
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "common/scope_exit.h"
@@ -31,6 +33,33 @@
 
 namespace tandem::nn::detail {
 namespace {
+
+thread_local int recompute_depth = 0;
+
+// The leaves that require grad which the recomputed graph reaches (their AccumulateGrad nodes)
+// short of the targets' own nodes: tensors the segment read without naming them, whose gradients
+// it would lose. The walk stays inside the segment's graph unless such a tensor leads out of it.
+std::vector<at::Tensor> unnamed_leaves(const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& targets) {
+  std::unordered_set<torch::autograd::Node*> seen;
+  for (const auto& t : targets) seen.insert(torch::autograd::impl::gradient_edge(t).function.get());
+  std::vector<torch::autograd::Node*> stack;
+  for (const auto& r : roots) {
+    if (auto fn = r.grad_fn(); fn && seen.insert(fn.get()).second) stack.push_back(fn.get());
+  }
+  std::vector<at::Tensor> unnamed;
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (auto* leaf = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      unnamed.push_back(leaf->variable);
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function && seen.insert(edge.function.get()).second) stack.push_back(edge.function.get());
+    }
+  }
+  return unnamed;
+}
 
 std::string shapes(const std::vector<std::vector<int64_t>>& sizes) {
   std::ostringstream out;
@@ -101,6 +130,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       });
       AutocastGuard autocast(segment->autocast);
       at::AutoGradMode grad(true);
+      ++recompute_depth;
+      ScopeExit leave([] { --recompute_depth; });
       outputs = segment->run(inputs);
     }
 
@@ -126,6 +157,11 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       target_of.push_back(p.requires_grad() ? targets.size() : std::string::npos);
       if (p.requires_grad()) targets.push_back(p);
     }
+    const auto unnamed = unnamed_leaves(roots, targets);
+    TANDEM_CHECK(unnamed.empty(), "checkpoint: the checkpointed function read ", unnamed.size(),
+                 " tensor(s) requiring grad that are neither its arguments nor in CheckpointOptions::parameters (the "
+                 "first of shape ", unnamed.empty() ? c10::IntArrayRef() : unnamed.front().sizes(),
+                 "): their gradients would be lost; pass them as arguments or list them in the options");
     torch::autograd::variable_list grads;
     if (!roots.empty() && !targets.empty()) {
       grads = torch::autograd::grad(roots, targets, root_grads, /*retain_graph=*/false, /*create_graph=*/false,
@@ -139,6 +175,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 };
 
 }  // namespace
+
+bool in_recompute() { return recompute_depth > 0; }
 
 bool needs_checkpoint(const std::vector<at::Tensor>& inputs, const CheckpointOptions& options) {
   if (!at::GradMode::is_enabled()) return false;
@@ -159,9 +197,13 @@ std::vector<at::Tensor> checkpoint_tensors(SegmentFunction run, const std::vecto
   segment->preserve_rng_state = options.preserve_rng_state();
   std::vector<at::Tensor> tensors = inputs;
   for (const auto& t : inputs) segment->input_requires_grad.push_back(t.requires_grad());
-  for (const auto& p : options.parameters()) {
-    TANDEM_CHECK(p.defined(), "checkpoint: parameter ", segment->parameters.size(),
-                 " of CheckpointOptions::parameters is an undefined tensor");
+  // Each parameter once: a tied weight listed twice would otherwise be a node input twice, and its
+  // gradient delivered (accumulated) twice.
+  std::unordered_set<c10::TensorImpl*> listed;
+  for (size_t i = 0; i < options.parameters().size(); ++i) {
+    const at::Tensor& p = options.parameters()[i];
+    TANDEM_CHECK(p.defined(), "checkpoint: parameter ", i, " of CheckpointOptions::parameters is an undefined tensor");
+    if (!listed.insert(p.unsafeGetTensorImpl()).second) continue;
     segment->parameters.push_back(p);
     tensors.push_back(p);
   }

@@ -43,7 +43,8 @@ std::string shared_folder() {
   if (pg.rank() == 0) {
     std::string pattern = (std::filesystem::temp_directory_path() / "tandem-mesh-ckpt-XXXXXX").string();
     const char* made = ::mkdtemp(pattern.data());
-    if (made) std::memcpy(name.data_ptr(), made, std::strlen(made));
+    // Left empty (every rank then fails on the empty name) when it cannot be made or would not fit.
+    if (made && std::strlen(made) < 256) std::memcpy(name.data_ptr(), made, std::strlen(made));
   }
   pg.broadcast(name, 0);
   return std::string(static_cast<const char*>(name.data_ptr()));

@@ -151,6 +151,16 @@ TEST_F(ShardedTensorsTest, AWholeFileIsOnePiecePerTensor) {
                "(files of two checkpoints mixed?)");
 }
 
+// An empty tensor is empty whatever its other dimensions: their product may exceed int64.
+TEST_F(ShardedTensorsTest, AnEmptyTensorWithHugeDimensionsLoads) {
+  const std::vector<int64_t> whole{int64_t{1} << 40, int64_t{1} << 40, 0};
+  const std::string path = write("empty.rank0.safetensors",
+                                 chunk_pieces_bytes({{"e", at::zeros({1, 1, 0}), {0, 0, 0}, whole}}));
+  const ShardedTensors set({path}, "test");
+  EXPECT_EQ(set.shape("e"), whole);
+  EXPECT_EQ(set.chunk("e", {5, 7, 0}, {1, 2, 0}).sizes(), (std::vector<int64_t>{1, 2, 0}));
+}
+
 TEST_F(ShardedTensorsTest, PiecesThatDoNotTileATensorAreRefused) {
   const auto whole = sample();
   const auto files = cut("m", whole, 3);

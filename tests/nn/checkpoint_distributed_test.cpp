@@ -271,6 +271,25 @@ TEST(CheckpointFsdpErrors, UnitInsideACheckpoint) {
                "recompute");
 }
 
+// A unit called from a checkpointed lambda: the module tree does not show it, the recompute does.
+struct LambdaRunsUnitImpl : torch::nn::Module {
+  LambdaRunsUnitImpl() : inner(register_module("inner", fsdp::Unit(Block(kDim)))) {}
+  at::Tensor forward(at::Tensor x) {
+    return tandem::nn::checkpoint(tandem::nn::CheckpointOptions().parameters(inner->parameters()),
+                                  [this](const at::Tensor& y) { return inner(y); }, x);
+  }
+  fsdp::Unit inner;
+};
+TORCH_MODULE(LambdaRunsUnit);
+
+TEST(CheckpointFsdpErrors, UnitRunInsideARecompute) {
+  auto net = torch::nn::Sequential(LambdaRunsUnit());
+  fsdp::FullyShardedDataParallel model(net, test::shared_pg());
+  at::Tensor loss = model->forward(batch(0).requires_grad_(true)).sum();
+  EXPECT_ERROR(loss.backward(), "fsdp: unit '0.inner' ran inside an activation checkpoint's recompute: checkpoint the "
+               "inner units instead (a unit cannot run inside a recompute)");
+}
+
 // ---- The Accelerator ------------------------------------------------------------------------
 
 Job accelerator_run(tandem::Strategy strategy, bool checkpointed) {

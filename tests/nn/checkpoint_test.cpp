@@ -143,6 +143,31 @@ TEST(Checkpoint, LambdaWithParametersAndTupleOutput) {
   }
 }
 
+// Tied weights: a module that registers one tensor under two names lists it twice in parameters();
+// its gradient must still arrive once (the sum of both uses), as without checkpointing.
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() : torch::nn::Module("Tied"), embed(register_module("embed", torch::nn::Linear(kDim, kDim))) {
+    register_parameter("head_weight", embed->weight);
+  }
+  at::Tensor forward(at::Tensor x) { return at::linear(at::tanh(embed(x)), embed->weight.t()); }
+  torch::nn::Linear embed;
+};
+TORCH_MODULE(Tied);
+
+TEST(Checkpoint, TiedWeightsGetTheirGradientOnce) {
+  Tied plain, tied;
+  torch::NoGradGuard no_grad;
+  tied->embed->weight.copy_(plain->embed->weight);
+  tied->embed->bias.copy_(plain->embed->bias);
+  {
+    at::AutoGradMode on(true);
+    ASSERT_EQ(tied->parameters().size(), 3u) << "LibTorch lists the tied weight twice";
+    const Step expected = step(*plain, batch(true), [&](const at::Tensor& x) { return plain->forward(x); });
+    const Step got = step(*tied, batch(true), [&](const at::Tensor& x) { return tandem::nn::checkpoint(tied, x); });
+    expect_identical(expected, got);
+  }
+}
+
 // torch::autograd::grad with respect to the parameters (PyTorch's reentrant checkpoint cannot).
 TEST(Checkpoint, AutogradGradReachesParameters) {
   auto plain_net = make_net(1);
@@ -182,6 +207,25 @@ TEST(Checkpoint, WithoutRngRestoreDropoutDiffers) {
   const Step checkpointed = step(*net, batch(true), [&](const at::Tensor& x) { return net->forward(x); });
   EXPECT_TRUE(at::equal(plain.output, checkpointed.output)) << "the forward is the same";
   EXPECT_FALSE(at::equal(plain.grads[0], checkpointed.grads[0])) << "the recompute drew other masks";
+}
+
+// On a GPU: dropout draws from the CUDA generator, which the checkpoint saves at forward and
+// restores for the recompute (scripts/gpu-check runs it as gpu.nn.checkpoint).
+TEST(CheckpointCuda, DropoutOnTheGpuIsBitIdentical) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device visible";
+  const c10::Device cuda(c10::kCUDA, 0);
+  auto cuda_step = [&](torch::nn::Sequential& net) {
+    net->to(cuda);
+    Step s = step(*net, batch(true).detach().to(cuda).requires_grad_(true), [&](const at::Tensor& x) { return net->forward(x); });
+    s.rng_after = at::rand({4}, at::TensorOptions().device(cuda));  // the CUDA generator goes on as without
+    return s;
+  };
+  auto plain_net = make_net(3);
+  const Step plain = cuda_step(plain_net);
+  auto net = make_net(3);
+  tandem::nn::checkpoint_modules(*net, tandem::nn::CheckpointPolicy());
+  const Step checkpointed = cuda_step(net);
+  expect_identical(plain, checkpointed);
 }
 
 // The module wrapper, every second block (torchtitan's "every N layers": the 2nd, 4th, ...).
@@ -245,6 +289,19 @@ TEST(CheckpointErrors, RecomputeOfAnotherShape) {
   EXPECT_ERROR(y.sum().backward(),
                "checkpoint: the recompute in backward returned tensors of shapes [[1, 4]] where the forward returned "
                "[[2, 4]]: a checkpointed function must compute the same again (no state that changes between its calls)");
+}
+
+// A parameter the segment reads but the options do not name: its gradient would be lost.
+TEST(CheckpointErrors, UnnamedParameter) {
+  torch::nn::Linear named(4, 4), unnamed(4, 4);
+  auto fn = [&](const at::Tensor& x) { return unnamed(named(x)); };
+  at::Tensor y = tandem::nn::checkpoint(tandem::nn::CheckpointOptions().parameters(named->parameters()), fn,
+                                        at::ones({3, 4}));
+  EXPECT_ERROR(y.sum().backward(),
+               "checkpoint: the checkpointed function read 2 tensor(s) requiring grad that are neither its arguments "
+               "nor in CheckpointOptions::parameters (the first of shape [4, 4]): their gradients would be lost; pass "
+               "them as arguments or list them in the options");
+  EXPECT_FALSE(named->weight.grad().defined()) << "nothing half-delivered";
 }
 
 TEST(CheckpointErrors, UndefinedOutput) {

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -63,6 +64,8 @@ using SegmentFunction = std::function<std::vector<at::Tensor>(const std::vector<
 /// returns its outputs, attached to one autograd node that recomputes them in backward.
 std::vector<at::Tensor> checkpoint_tensors(SegmentFunction run, const std::vector<at::Tensor>& inputs,
                                            const CheckpointOptions& options);
+/// Whether this thread is running a checkpointed segment's recompute (inside backward).
+bool in_recompute();
 /// Whether the call needs a checkpoint at all: grad mode on and some input or parameter requires grad.
 bool needs_checkpoint(const std::vector<at::Tensor>& inputs, const CheckpointOptions& options);
 
@@ -104,6 +107,17 @@ struct SegmentArgument<std::vector<at::Tensor>> {
     return out;
   }
 };
+
+// Arguments that only view memory the caller owns: stored for the recompute in backward, they would
+// dangle. Refused at compile time; pass an owning type (std::vector, std::string) instead.
+template <typename T>
+struct IsBorrowedView : std::false_type {};
+template <typename T>
+struct IsBorrowedView<c10::ArrayRef<T>> : std::true_type {};
+template <typename T>
+struct IsBorrowedView<c10::OptionalArrayRef<T>> : std::true_type {};
+template <typename C, typename Tr>
+struct IsBorrowedView<std::basic_string_view<C, Tr>> : std::true_type {};
 
 // What a segment may return: flattened for the autograd node, rebuilt for the caller.
 template <typename R>
@@ -173,6 +187,9 @@ auto checkpoint(const CheckpointOptions& options, Fn&& fn, Args&&... args) {
   static_assert(detail::SegmentOutput<R>::supported,
                 "tandem::nn::checkpoint: the function must return at::Tensor, std::vector<at::Tensor> or a std::tuple "
                 "of at::Tensor");
+  static_assert(!(detail::IsBorrowedView<std::decay_t<Args>>::value || ...),
+                "tandem::nn::checkpoint: an argument is a view (ArrayRef, string_view) of memory the caller "
+                "owns; the recompute in backward runs after it may be gone: pass an owning type");
   CheckpointOptions with_parameters = options;
   if constexpr (detail::is_module_like_v<F>) {
     if (with_parameters.parameters().empty()) with_parameters.parameters(fn->parameters());
