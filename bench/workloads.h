@@ -196,6 +196,14 @@ TORCH_MODULE(Gpt);
 
 // ---- data and loss -----------------------------------------------------------------------------
 
+/// A random [B,T+1] token sequence for the GPT `c` from a generator seeded with `seed`: input its
+/// first T tokens, target the next token at each position (also the memory frontier's batch).
+inline std::pair<at::Tensor, at::Tensor> synthetic_batch_gpt(const GptConfig& c, int64_t batch, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Tensor seq = at::randint(0, c.vocab, {batch, c.context + 1}, gen);
+  return {seq.slice(1, 0, c.context).contiguous(), seq.slice(1, 1).contiguous()};
+}
+
 /// One fixed synthetic batch of `batch` samples for `model` at `scale`, on the CPU, from a
 /// generator seeded with `seed` (the same values as bench/peer.py's torch.Generator draws):
 /// small [B,1,28,28] and medium [B,3,H,H] normal images with labels in [0,10); large: a random
@@ -212,11 +220,7 @@ inline std::pair<at::Tensor, at::Tensor> synthetic_batch(const std::string& mode
     at::Tensor x = at::randn({batch, 3, c.image, c.image}, gen);
     return {x, at::randint(0, 10, {batch}, gen)};
   }
-  if (model == "large") {
-    const auto c = gpt_config(scale);
-    at::Tensor seq = at::randint(0, c.vocab, {batch, c.context + 1}, gen);
-    return {seq.slice(1, 0, c.context).contiguous(), seq.slice(1, 1).contiguous()};
-  }
+  if (model == "large") return synthetic_batch_gpt(gpt_config(scale), batch, seed);
   throw Error("unknown model '" + model + "' (expected small, medium or large)");
 }
 

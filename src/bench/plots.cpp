@@ -46,11 +46,7 @@ namespace {
 constexpr const char* kFont = "sans,11";
 constexpr const char* kTitleFont = "sans,13";
 
-struct Plot {
-  std::string name;     // "throughput": throughput.png, plots/throughput.{gp,dat}
-  std::string script, data;
-  std::string skipped;  // non-empty: nothing to draw, and why
-};
+using Plot = GnuplotPlot;
 
 std::string num(double v) {
   if (!std::isfinite(v)) return "NaN";
@@ -591,7 +587,17 @@ PlotInputs plot_inputs(const std::string& dir, const Results& results, const Ana
   return in;
 }
 
+std::string gnuplot_path_literal(const std::string& path) { return gp_path(path); }
+
 PlotOutcome draw_plots(const std::string& dir, const Results& results, const Analysis& analysis) {
+  try {
+    return draw_gnuplot_plots(dir, build_plots(dir, results, analysis));
+  } catch (const std::exception& e) {
+    return PlotOutcome{{}, "plots not drawn: " + std::string(e.what())};
+  }
+}
+
+PlotOutcome draw_gnuplot_plots(const std::string& dir, const std::vector<GnuplotPlot>& plots) {
   PlotOutcome out;
   try {
     std::string why;
@@ -600,7 +606,6 @@ PlotOutcome draw_plots(const std::string& dir, const Results& results, const Ana
       out.note = why + "; no plots drawn";
       return out;
     }
-    std::vector<Plot> plots = build_plots(dir, results, analysis);
     std::vector<std::string> notes;
     const bool any = std::any_of(plots.begin(), plots.end(), [](const Plot& p) { return p.skipped.empty(); });
     if (any) {

@@ -22,6 +22,18 @@ struct PlotOutcome {
 /// A gnuplot failure: a note with its first stderr line; never throws for plotting problems.
 PlotOutcome draw_plots(const std::string& dir, const Results& results, const Analysis& analysis);
 
+/// One plot for draw_gnuplot_plots: NAME.png drawn by plots/NAME.gp from plots/NAME.dat.
+struct GnuplotPlot {
+  std::string name;     // "throughput": throughput.png, plots/throughput.{gp,dat}
+  std::string script, data;
+  std::string skipped;  // non-empty: nothing to draw, and why
+};
+/// Writes each plot's inputs under DIR/plots/ and runs gnuplot on them (what draw_plots does for
+/// the comparison's plots; the memory frontier draws its own through it). Never throws.
+PlotOutcome draw_gnuplot_plots(const std::string& dir, const std::vector<GnuplotPlot>& plots);
+/// `path` as a gnuplot single-quoted string (any path survives).
+std::string gnuplot_path_literal(const std::string& path);
+
 /// The gnuplot scripts and data files, without running anything (what draw_plots feeds gnuplot) — testable.
 /// A plot with nothing to draw (e.g. no memory measured) has no files here.
 struct PlotInputs {

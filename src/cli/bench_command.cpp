@@ -13,6 +13,7 @@
 #include <memory>
 #include <sstream>
 
+#include "bench/frontier.h"
 #include "bench/plan.h"
 #include "bench/projection.h"
 #include "bench/report.h"
@@ -37,7 +38,10 @@ struct Flags {
   std::string backends = "gloo";
   std::string out = "results/bench";
   double timeout_s = 600;
+  std::string memory_budget;  // --memory-budget: the memory frontier instead of the comparison
   std::vector<std::string> argv;
+  // Whether these were given (--memory-budget has its own defaults for them).
+  bool strategies_given = false, nproc_given = false, steps_given = false;
 };
 
 std::string utc_now() {
@@ -64,7 +68,48 @@ std::string minutes(double seconds) {
   return buf;
 }
 
+// `tandem bench --memory-budget` (bench/frontier.h): every flag checked before the first probe.
+int run_frontier(const bench::BenchConfig& config, const Flags& flags) {
+  bench::FrontierConfig fc;
+  fc.budget = bench::parse_memory_budget(flags.memory_budget);
+  const auto& allowed = bench::frontier_strategies();
+  fc.strategies = allowed;
+  if (flags.strategies_given) {
+    fc.strategies.clear();
+    std::stringstream in(flags.strategies);
+    for (std::string s; std::getline(in, s, ',');) {
+      TANDEM_CHECK(std::find(allowed.begin(), allowed.end(), s) != allowed.end(), "--memory-budget measures ",
+                   bench::join(allowed, ", "), " (tensor and pipeline parallelism are not built yet), not '", s, "'");
+      fc.strategies.push_back(s);
+    }
+  }
+  if (flags.nproc_given) {
+    const auto worlds = bench::parse_worlds(flags.nproc);
+    TANDEM_CHECK(worlds.size() == 1 && worlds[0] >= 2, "--memory-budget: --nproc takes one number of processes, at least 2 (got ",
+                 flags.nproc, ")");
+    fc.world = worlds[0];
+  }
+  TANDEM_CHECK(config.device == "cpu", "--memory-budget measures CPU processes (a GPU's memory is not a cgroup's)");
+  fc.scale = flags.scale.empty() ? "cpu" : flags.scale;
+  TANDEM_CHECK(fc.scale != "full", "--memory-budget: --scale tiny or cpu (the full family is for GPUs)");
+  if (flags.steps_given) fc.steps = std::max(2, config.steps);
+  fc.timeout_s = flags.timeout_s;
+  fc.out = flags.out;
+  const auto tools = bench::find_tools(config.python);
+  if (config.peers != "off") {
+    std::string versions;
+    const std::string why = bench::probe_peers(tools, {}, versions);
+    TANDEM_CHECK(why.empty() || config.peers != "on", "--peers on: ", why);
+    fc.peer = why.empty();
+    if (!fc.peer) std::printf("tandem bench: PyTorch peer skipped: %s\n", why.c_str());
+  }
+  std::string command;
+  for (const auto& a : flags.argv) command += (command.empty() ? "" : " ") + a;
+  return bench::run_memory_frontier(tools, fc, command);
+}
+
 int run_bench(bench::BenchConfig config, const Flags& flags) {
+  if (!flags.memory_budget.empty()) return run_frontier(config, flags);
   config.models = bench::parse_list("--models", flags.models, {"small", "medium", "large"});
   config.strategies = bench::parse_list("--strategies", flags.strategies, bench::user_strategies());
   config.worlds = bench::parse_worlds(flags.nproc);
@@ -285,7 +330,15 @@ Command add_bench_command(CLI::App& app, int argc, char** argv) {
       ->capture_default_str();
   sub->add_option("--timeout", flags->timeout_s, "Seconds before a measurement is stopped and reported")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  return [config, flags]() { return run_bench(*config, *flags); };
+  sub->add_option("--memory-budget", flags->memory_budget,
+                  "Bytes per process (e.g. 2G): the largest GPT each strategy trains under it (a memory cgroup per "
+                  "process), instead of the comparison");
+  return [config, flags, sub]() {
+    flags->strategies_given = sub->get_option("--strategies")->count() > 0;
+    flags->nproc_given = sub->get_option("--nproc")->count() > 0;
+    flags->steps_given = sub->get_option("--steps")->count() > 0;
+    return run_bench(*config, *flags);
+  };
 }
 
 }  // namespace tandem::cli
