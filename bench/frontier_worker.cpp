@@ -19,6 +19,8 @@
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/world.h"
 #include "tandem/error.h"
+#include "tandem/fsdp/auto_wrap_policy.h"
+#include "tandem/fsdp/options.h"
 #include "tandem/host_allocator.h"
 #include "tandem/nn/checkpoint_policy.h"
 
@@ -60,6 +62,9 @@ int run(int argc, char** argv) {
   auto options = AcceleratorOptions().progress(false).seed(0).strategy(fsdp ? Strategy::Fsdp : Strategy::Ddp);
   if (strategy == "zero1") options.zero_stage(1);
   if (strategy == "zero2") options.zero_stage(2);
+  // The GPT's embedding and head are units already, and the Accelerator auto-wraps only a model
+  // with none: ask for it, so that every block is a unit too (as tandem-bench-worker does).
+  if (fsdp) options.fsdp(fsdp::FullyShardOptions().auto_wrap(fsdp::AutoWrapPolicy()));
   if (strategy == "fsdp-checkpoint") options.activation_checkpointing(nn::CheckpointPolicy());  // every block
   Accelerator acc(pg, options);
   bench::Gpt net(c);

@@ -90,14 +90,14 @@ std::string FamilyMember::shape() const {
 // compute trivial), two blocks (3.5 M parameters) more per member, so that each member needs about
 // 57 MB more under DDP (16 bytes per parameter with Adam), 28 MB more under FSDP at 2 processes:
 // coarse enough that a member's fit does not change from run to run.
-int family_size(const std::string& scale) { return scale == "tiny" ? 8 : 16; }
+int family_size(const std::string& scale) { return scale == "tiny" ? 6 : 16; }
 
 FamilyMember family_member(const std::string& scale, int index) {
   TANDEM_CHECK(index >= 0 && index < family_size(scale), "family member ", index, " out of range");
   FamilyMember m;
   m.index = index;
   if (scale == "tiny") {
-    m.vocab = 64, m.context = 8, m.dim = 384, m.layers = 2 * (index + 1), m.heads = 2, m.batch = 1;
+    m.vocab = 64, m.context = 8, m.dim = 1024, m.layers = index + 1, m.heads = 2, m.batch = 1;
   } else {
     m.vocab = 2048, m.context = 128, m.dim = 128 + 32 * index, m.layers = 2 + index, m.heads = 4, m.batch = 4;
   }
@@ -167,6 +167,20 @@ void MemoryCgroup::remove_ranks() const {
   }
 }
 
+int64_t MemoryCgroup::peak_charge() const {
+  const std::string file = limit_file_ == "memory.max" ? "memory.peak" : "memory.max_usage_in_bytes";
+  int64_t peak = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root_, ec)) {
+    if (entry.path().filename().string().rfind("rank", 0) != 0) continue;
+    try {
+      peak = std::max(peak, static_cast<int64_t>(std::stoll(file_text(entry.path().string() + "/" + file))));
+    } catch (const std::exception&) {  // an older kernel without memory.peak: no figure
+    }
+  }
+  return peak;
+}
+
 MemoryCgroup::~MemoryCgroup() {
   remove_ranks();
   ::rmdir(root_.c_str());
@@ -181,6 +195,7 @@ struct Runner {
   std::string worker, peer, wrapper;
   int probes_run = 0;
   int other_failures = 0;  // probes that failed for another reason than memory: the run fails
+  bool interrupted = false;  // SIGINT/SIGTERM: no more probes; the report holds what was measured
 
   Probe probe(const std::string& impl, const std::string& strategy, int index) {
     const FamilyMember m = family_member(config.scale, index);
@@ -202,11 +217,15 @@ struct Runner {
                              std::to_string(m.layers), "--heads", std::to_string(m.heads), "--batch-size",
                              std::to_string(m.batch), "--steps", std::to_string(config.steps), "--out", record_path});
     const pid_t pid = spawn_logged(argv, log_path, {"OMP_NUM_THREADS=1", "TANDEM_CPU_BACKEND=gloo"});
-    const Finished finished = wait_bounded(pid, config.timeout_s);
+    const Finished finished = wait_bounded(pid, config.timeout_s, stop_requested);
+    p.peak_charge = cgroup.peak_charge();
     cgroup.remove_ranks();
     ++probes_run;
     const std::string log = file_text(log_path);
-    if (finished.timed_out) {
+    if (finished.stopped || stop_requested()) {
+      p.failure = "stopped (interrupted)";
+      interrupted = true;
+    } else if (finished.timed_out) {
       p.failure = "timed out after " + std::to_string(static_cast<int>(config.timeout_s)) + " s";
       ++other_failures;
     } else if (!WIFEXITED(finished.status) || WEXITSTATUS(finished.status) != 0) {
@@ -227,8 +246,9 @@ struct Runner {
     std::string what;
     if (p.fits) {
       char buf[160];
-      std::snprintf(buf, sizeof(buf), "fits: peak RSS %s, %.0f tokens/s",
-                    mib(p.record.value("peak_rss_bytes", 0.0)).c_str(), p.record.value("tokens_per_s", 0.0));
+      std::snprintf(buf, sizeof(buf), "fits: peak RSS %s, cgroup peak %s, %.0f tokens/s",
+                    mib(p.record.value("peak_rss_bytes", 0.0)).c_str(), mib(static_cast<double>(p.peak_charge)).c_str(),
+                    p.record.value("tokens_per_s", 0.0));
       what = buf;
     } else {
       what = p.failure;
@@ -248,7 +268,10 @@ struct Runner {
     std::map<int, Probe> seen;
     auto run = [&](int k) -> const Probe& {
       auto [it, fresh] = seen.emplace(k, Probe{});
-      if (fresh) {
+      if (fresh && interrupted) {
+        it->second.index = k;
+        it->second.failure = "not run (interrupted)";
+      } else if (fresh) {
         it->second = probe(impl, strategy, k);
         row.probes.push_back(it->second);
       }
@@ -282,12 +305,15 @@ nlohmann::json member_json(const FamilyMember& m) {
 
 nlohmann::json row_json(const FrontierRow& r) {
   nlohmann::json probes = nlohmann::json::array();
-  for (const auto& p : r.probes) probes.push_back({{"index", p.index}, {"fits", p.fits}, {"failure", p.failure}});
+  for (const auto& p : r.probes) {
+    probes.push_back({{"index", p.index}, {"fits", p.fits}, {"failure", p.failure}, {"peak_charge_bytes", p.peak_charge}});
+  }
   nlohmann::json largest = nullptr;
   if (r.largest.fits) {
     largest = {{"index", r.largest.index},
                {"params", r.largest.record.value("params", int64_t{0})},
                {"peak_rss_bytes", r.largest.record.value("peak_rss_bytes", int64_t{0})},
+               {"peak_charge_bytes", r.largest.peak_charge},
                {"tokens_per_s", r.largest.record.value("tokens_per_s", 0.0)}};
   }
   return {{"impl", r.impl},
@@ -341,9 +367,10 @@ std::string render_frontier_markdown(const nlohmann::json& results) {
      << static_cast<int64_t>(budget) << " bytes; a probe trains a member of the " << results.value("scale", std::string())
      << " GPT family for " << results.value("steps", 0)
      << " steps with Adam (the first warm-up) and fits when every rank exits 0. Tokens/s: the "
-        "largest member's probe, all processes together. Peak RSS: the largest rank's.\n\n"
-     << "| strategy | largest model | params | peak RSS | tokens/s | one larger | how it failed |\n"
-     << "|---|---|---:|---:|---:|---|---|\n";
+        "largest member's probe, all processes together. Peak RSS (getrusage) and cgroup peak (the kernel's "
+        "charge: memory.max_usage_in_bytes or memory.peak): the largest rank's.\n\n"
+     << "| strategy | largest model | params | peak RSS | cgroup peak | tokens/s | one larger | how it failed |\n"
+     << "|---|---|---:|---:|---:|---:|---|---|\n";
   const auto& family = results.at("family");
   for (const auto& row : results.at("rows")) {
     const auto& l = row.at("largest");
@@ -351,13 +378,14 @@ std::string render_frontier_markdown(const nlohmann::json& results) {
     const int ni = next.value("index", 0);
     md << "| " << label_of(row) << " | ";
     if (l.is_null()) {
-      md << "none fits | | | |";
+      md << "none fits | | | | |";
     } else {
       const auto& m = family.at(l.value("index", 0));
       char buf[64];
       std::snprintf(buf, sizeof(buf), "%.0f", l.value("tokens_per_s", 0.0));
       md << l.value("index", 0) << ": " << m.value("shape", std::string()) << " | "
-         << millions(l.value("params", 0.0)) << " | " << mib(l.value("peak_rss_bytes", 0.0)) << " | " << buf << " |";
+         << millions(l.value("params", 0.0)) << " | " << mib(l.value("peak_rss_bytes", 0.0)) << " | "
+         << mib(l.value("peak_charge_bytes", 0.0)) << " | " << buf << " |";
     }
     if (ni >= static_cast<int>(family.size())) {
       md << " none: the family's largest fits | |\n";
@@ -367,6 +395,35 @@ std::string render_frontier_markdown(const nlohmann::json& results) {
          << ") | " << next.value("failure", std::string()) << " |\n";
     }
   }
+  // The two comparisons the frontier is for: checkpointing against plain FSDP, Tandem against PyTorch.
+  auto find = [&](const std::string& impl, const std::string& strategy) -> const nlohmann::json* {
+    for (const auto& row : results.at("rows")) {
+      if (row.at("impl") == impl && row.at("strategy") == strategy) return &row;
+    }
+    return nullptr;
+  };
+  auto compare = [&](const nlohmann::json* a, const nlohmann::json* b) {
+    if (!a || !b) return;
+    const auto& la = a->at("largest");
+    const auto& lb = b->at("largest");
+    const int ia = la.is_null() ? -1 : la.value("index", -1), ib = lb.is_null() ? -1 : lb.value("index", -1);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "- %s against %s: largest member %d against %d", label_of(*a).c_str(),
+                  label_of(*b).c_str(), ia, ib);
+    md << buf;
+    if (ia > ib) {
+      md << ": a larger model.\n";
+    } else if (ia == ib && ia >= 0) {
+      const double ta = la.value("tokens_per_s", 0.0), tb = lb.value("tokens_per_s", 0.0);
+      std::snprintf(buf, sizeof(buf), ": the same model, at %.0f against %.0f tokens/s (%.2fx).\n", ta, tb, tb > 0 ? ta / tb : 0.0);
+      md << buf;
+    } else {
+      md << ": a smaller model.\n";
+    }
+  };
+  md << "\n";
+  compare(find("tandem", "fsdp-checkpoint"), find("tandem", "fsdp"));
+  compare(find("tandem", "fsdp-checkpoint"), find("pytorch", kFrontierPeer));
   md << "\nThe family (vocabulary, context, batch per process, heads fixed within it):\n\n"
      << "| member | layers | width | vocabulary | context | batch | params |\n|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& m : family) {
@@ -411,6 +468,7 @@ int run_memory_frontier(const Tools& tools, const FrontierConfig& config, const 
   for (const auto& s : config.strategies) plan.emplace_back("tandem", s);
   if (config.peer) plan.emplace_back("pytorch", kFrontierPeer);
   for (const auto& [impl, strategy] : plan) {
+    if (runner.interrupted) break;
     results["rows"].push_back(row_json(runner.search(impl, strategy)));
     write_text_file(config.out + "/results.json", results.dump(2) + "\n");  // kept if the bench is stopped
   }
@@ -430,6 +488,10 @@ int run_memory_frontier(const Tools& tools, const FrontierConfig& config, const 
   std::printf("tandem bench: %d probes; wrote %s/results.json %s/results.md%s\n", runner.probes_run,
               config.out.c_str(), config.out.c_str(), plots.files.empty() ? "" : (" " + config.out + "/frontier.png").c_str());
   if (!plots.note.empty()) std::printf("tandem bench: plots: %s\n", plots.note.c_str());
+  if (runner.interrupted) {
+    std::fprintf(stderr, "tandem bench: interrupted; the report holds the probes run\n");
+    return 130;
+  }
   if (runner.other_failures > 0) {  // counted as "does not fit", but the frontier may be wrong
     std::fprintf(stderr, "tandem bench: %d probe(s) failed for another reason than memory (see %s/logs)\n",
                  runner.other_failures, config.out.c_str());

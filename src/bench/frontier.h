@@ -44,6 +44,9 @@ class MemoryCgroup {
   const std::string& root() const { return root_; }
   const std::string& limit_file() const { return limit_file_; }  // memory.limit_in_bytes or memory.max
   void remove_ranks() const;  // the rank cgroups of the last probe (its processes have exited)
+  /// The largest charge any rank's cgroup reached (v1 memory.max_usage_in_bytes, v2 memory.peak;
+  /// 0 where the kernel keeps none): read before remove_ranks.
+  int64_t peak_charge() const;
 
  private:
   std::string root_, limit_file_;
@@ -66,6 +69,7 @@ struct Probe {
   bool fits = false;
   std::string failure;    // why not (killed for memory, or another failure), when it did not
   bool killed = false;    // failed because the cgroup's OOM killer stopped a rank
+  int64_t peak_charge = 0;  // the largest rank's peak cgroup charge (MemoryCgroup::peak_charge)
   nlohmann::json record;  // the worker's record, when it fits
 };
 

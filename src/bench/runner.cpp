@@ -43,14 +43,14 @@ void install_stop_handlers() {
 
 bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
 
-bool stop_requested() { return g_stop_signal != 0; }
-
 std::string file_text(const std::string& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 }  // namespace
+
+bool stop_requested() { return g_stop_signal != 0; }
 
 Tools find_tools(const std::string& python) {
   Tools t;

@@ -39,6 +39,10 @@ struct Outcome {
 Outcome run_measurement(const Tools& tools, const BenchConfig& config, const Planned& planned,
                         const std::string& log_path, const std::string& record_path, double timeout_s);
 
+/// Whether SIGINT or SIGTERM asked the bench to stop (find_tools installs the handlers): the
+/// running measurement is stopped, what was measured is kept.
+bool stop_requested();
+
 /// Whether this build has the MPI backend (TANDEM_BUILT_WITH_MPI, from the configure step: the
 /// bench links no LibTorch, so it cannot ask libtandem).
 bool mpi_backend_built();

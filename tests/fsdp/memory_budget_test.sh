@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# memory_budget_test.sh TANDEM BUDGET_TRAINER: a model that does not fit a per-process memory
+# memory_budget_test.sh TANDEM BUDGET_TRAINER IN_MEMORY_CGROUP_SH: a model that does not fit a per-process memory
 # budget under DDP and trains under FSDP, 4 ranks (docs/guide-fsdp.md, "A model larger than a
 # budget"). The budget is enforced by the kernel: each rank runs in a memory cgroup of its own
 # (cgroup v1 memory.limit_in_bytes, or v2 memory.max), so a rank that needs more is killed.
@@ -9,32 +9,14 @@
 # under it must be killed and FSDP must train and save its (sharded) checkpoint. Exit 77 (skipped) where
 # this machine gives no writable memory cgroup.
 set -u
-tandem="$1"; trainer="$2"
-# The budget is about the real allocator's memory: a sanitizer's allocator (scripts/sanitize) keeps
-# freed blocks in quarantine and refuses the host allocator setting FSDP makes.
-if [[ -n ${ASAN_OPTIONS:-} || -n ${TSAN_OPTIONS:-} ]]; then
-  echo "SKIP: under a sanitizer's allocator the process's memory is not what this test budgets"; exit 77
-fi
-cg_root=""
-if [[ -w /sys/fs/cgroup/memory ]] && mkdir "/sys/fs/cgroup/memory/tandem-budget-$$" 2>/dev/null; then
-  cg_root="/sys/fs/cgroup/memory/tandem-budget-$$"; limit_file=memory.limit_in_bytes
-elif grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null && mkdir "/sys/fs/cgroup/tandem-budget-$$" 2>/dev/null; then
-  cg_root="/sys/fs/cgroup/tandem-budget-$$"; limit_file=memory.max
-  echo +memory > "$cg_root/cgroup.subtree_control" 2>/dev/null || true
-else
-  echo "SKIP: no writable memory cgroup here (needs /sys/fs/cgroup/memory or cgroup v2 with memory)"; exit 77
-fi
-cleanup() { for d in "$cg_root"/rank*; do [[ -d $d ]] && rmdir "$d" 2>/dev/null; done; rmdir "$cg_root" 2>/dev/null; }
-trap cleanup EXIT
-work=$(mktemp -d); trap 'cleanup; rm -rf "$work"' EXIT
+tandem="$1"; trainer="$2"; wrapper="$3"  # wrapper: bench/in_memory_cgroup.sh
+source "$(dirname "$0")/../support/memory_cgroup.sh"
+make_memory_cgroup tandem-budget
+work=$(mktemp -d); trap 'remove_memory_cgroup; rm -rf "$work"' EXIT
 
 job() {  # job STRATEGY LIMIT_BYTES(0: none) -> exit status; output in $work/STRATEGY-LIMIT.log
-  timeout -k 5 240 "$tandem" run --nproc-per-node 4 -- sh -c '
-    if [ "$1" != 0 ]; then
-      cg="$2/rank$RANK"; mkdir -p "$cg" && echo "$1" > "$cg/$3" && echo $$ > "$cg/cgroup.procs" || exit 3
-    fi
-    shift 3; exec "$@"' budget "$2" "$cg_root" "$limit_file" "$trainer" --strategy "$1" --checkpoints "$work/$1-$2.ckpt" \
-    >"$work/$1-$2.log" 2>&1
+  timeout -k 5 240 "$tandem" run --nproc-per-node 4 -- /bin/sh "$wrapper" "$cg_root" "$limit_file" "$2" \
+    "$trainer" --strategy "$1" --checkpoints "$work/$1-$2.ckpt" >"$work/$1-$2.log" 2>&1
 }
 peak() { grep -o 'peak RSS [0-9]*' "$work/$1-0.log" | awk '{print $3}' | sort -n | tail -1; }
 
