@@ -86,10 +86,10 @@ std::string FamilyMember::shape() const {
 // The cpu family: 4 sequences of 128 tokens per process (512 tokens: a block's activations, about
 // 34 floats per token and width, weigh as much as its weights, gradients and Adam's two moments
 // at width ~500), widths 128 .. 608 and depths 2 .. 17 growing together, so each member is about
-// 1.3-1.6x the one before. The tiny family (tests): width 384 on 8 tokens (activations negligible,
-// compute trivial), two blocks (3.5 M parameters) more per member, so that each member needs about
-// 57 MB more under DDP (16 bytes per parameter with Adam), 28 MB more under FSDP at 2 processes:
-// coarse enough that a member's fit does not change from run to run.
+// 1.3-1.6x the one before. The tiny family (tests): 1 to 6 blocks of width 1024 on 8 tokens
+// (activations negligible, compute trivial; every weight at least 4 MiB, so the host allocator maps
+// and unmaps it), 12.6 M parameters more per member: about 240 MB more peak RSS under DDP and
+// 200 MB under FSDP at 2 processes, coarse enough that a member's fit does not change between runs.
 int family_size(const std::string& scale) { return scale == "tiny" ? 6 : 16; }
 
 FamilyMember family_member(const std::string& scale, int index) {
@@ -306,7 +306,12 @@ nlohmann::json member_json(const FamilyMember& m) {
 nlohmann::json row_json(const FrontierRow& r) {
   nlohmann::json probes = nlohmann::json::array();
   for (const auto& p : r.probes) {
-    probes.push_back({{"index", p.index}, {"fits", p.fits}, {"failure", p.failure}, {"peak_charge_bytes", p.peak_charge}});
+    nlohmann::json j{{"index", p.index}, {"fits", p.fits}, {"failure", p.failure}, {"peak_charge_bytes", p.peak_charge}};
+    if (p.fits) {
+      j["tokens_per_s"] = p.record.value("tokens_per_s", 0.0);
+      j["peak_rss_bytes"] = p.record.value("peak_rss_bytes", int64_t{0});
+    }
+    probes.push_back(j);
   }
   nlohmann::json largest = nullptr;
   if (r.largest.fits) {
@@ -424,6 +429,25 @@ std::string render_frontier_markdown(const nlohmann::json& results) {
   md << "\n";
   compare(find("tandem", "fsdp-checkpoint"), find("tandem", "fsdp"));
   compare(find("tandem", "fsdp-checkpoint"), find("pytorch", kFrontierPeer));
+  // Throughput at equal size: the members both searches trained (a larger model is slower).
+  if (const auto *a = find("tandem", "fsdp-checkpoint"), *b = find("pytorch", kFrontierPeer); a && b) {
+    std::map<int, double> theirs;
+    for (const auto& p : b->at("probes")) {
+      if (p.value("fits", false)) theirs[p.value("index", 0)] = p.value("tokens_per_s", 0.0);
+    }
+    std::string same;
+    for (const auto& p : a->at("probes")) {
+      const auto t = theirs.find(p.value("index", -1));
+      if (!p.value("fits", false) || t == theirs.end() || t->second <= 0) continue;
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), "%s%d: %.2fx", same.empty() ? "" : ", ", t->first,
+                    p.value("tokens_per_s", 0.0) / t->second);
+      same += buf;
+    }
+    if (!same.empty()) {
+      md << "- Tandem fsdp-checkpoint ÷ PyTorch fsdp2-checkpoint tokens/s at the members both trained: " << same << ".\n";
+    }
+  }
   md << "\nThe family (vocabulary, context, batch per process, heads fixed within it):\n\n"
      << "| member | layers | width | vocabulary | context | batch | params |\n|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& m : family) {
@@ -468,8 +492,9 @@ int run_memory_frontier(const Tools& tools, const FrontierConfig& config, const 
   for (const auto& s : config.strategies) plan.emplace_back("tandem", s);
   if (config.peer) plan.emplace_back("pytorch", kFrontierPeer);
   for (const auto& [impl, strategy] : plan) {
-    if (runner.interrupted) break;
-    results["rows"].push_back(row_json(runner.search(impl, strategy)));
+    FrontierRow row = runner.search(impl, strategy);
+    if (runner.interrupted) break;  // a search cut short has no frontier: the row is left out
+    results["rows"].push_back(row_json(row));
     write_text_file(config.out + "/results.json", results.dump(2) + "\n");  // kept if the bench is stopped
   }
   const PlotOutcome plots = draw_gnuplot_plots(config.out, {frontier_plot(config.out, results)});

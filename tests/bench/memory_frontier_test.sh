@@ -4,7 +4,7 @@
 # bench's own verdict: for each strategy the member it reports as largest trains under the budget
 # and the member one larger is killed for memory, both re-run here through the same per-rank cgroup
 # wrapper (bench/in_memory_cgroup.sh) in a cgroup of this test's own; and FSDP's largest is at
-# least DDP's. The tiny family's members are about 100 MB (FSDP) to 200 MB (DDP) apart, so a fit
+# least DDP's. The tiny family's members are about 200 MB apart (src/bench/frontier.cpp), so a fit
 # does not change between runs. Exit 77 (skipped) without a writable memory cgroup, or under a
 # sanitizer. No speed is judged.
 set -u
