@@ -45,19 +45,9 @@ namespace tandem::bench {
 
 namespace {
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return buf;
-}
 
 bool writable_dir(const std::string& path) { return ::access(path.c_str(), W_OK) == 0; }
 
-std::string file_text(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 std::string mib(double bytes) {
   char buf[32];
@@ -138,7 +128,7 @@ MemoryCgroup::MemoryCgroup() {
                                                                                              : "memory.limit_in_bytes");
   } else {
     candidates.emplace_back("/sys/fs/cgroup/memory", "memory.limit_in_bytes");
-    const std::string controllers = file_text("/sys/fs/cgroup/cgroup.controllers");
+    const std::string controllers = read_text_file("/sys/fs/cgroup/cgroup.controllers");
     if (controllers.find("memory") != std::string::npos) candidates.emplace_back("/sys/fs/cgroup", "memory.max");
   }
   for (const auto& [dir, limit] : candidates) {
@@ -174,7 +164,7 @@ int64_t MemoryCgroup::peak_charge() const {
   for (const auto& entry : std::filesystem::directory_iterator(root_, ec)) {
     if (entry.path().filename().string().rfind("rank", 0) != 0) continue;
     try {
-      peak = std::max(peak, static_cast<int64_t>(std::stoll(file_text(entry.path().string() + "/" + file))));
+      peak = std::max(peak, static_cast<int64_t>(std::stoll(read_text_file(entry.path().string() + "/" + file))));
     } catch (const std::exception&) {  // an older kernel without memory.peak: no figure
     }
   }
@@ -221,7 +211,7 @@ struct Runner {
     p.peak_charge = cgroup.peak_charge();
     cgroup.remove_ranks();
     ++probes_run;
-    const std::string log = file_text(log_path);
+    const std::string log = read_text_file(log_path);
     if (finished.stopped || stop_requested()) {
       p.failure = "stopped (interrupted)";
       interrupted = true;
@@ -236,7 +226,7 @@ struct Runner {
       if (!p.killed) ++other_failures;
     } else {
       try {
-        p.record = nlohmann::json::parse(last_nonempty_line(file_text(record_path)));
+        p.record = nlohmann::json::parse(last_nonempty_line(read_text_file(record_path)));
         p.fits = true;
       } catch (const std::exception&) {
         p.failure = "exited 0 but wrote no record (" + record_path + ")";

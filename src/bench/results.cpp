@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <ctime>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -277,6 +279,18 @@ json describe_machine() {
 void write_text_file(const std::string& path, const std::string& text) {
   detail::write_file_durably(path, [&](int fd) { detail::write_all(fd, text.data(), text.size(), "write " + path); },
                              "tandem bench");
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
 }
 
 }  // namespace tandem::bench

@@ -83,6 +83,12 @@ Results load_results(const std::string& dir);
 /// This machine, for the report: CPU model, cores, memory, GPUs, kernel, host.
 nlohmann::json describe_machine();
 
+/// What `path` holds ("" when it cannot be read).
+std::string read_text_file(const std::string& path);
+
+/// Now, as the records' "created_utc" (2026-12-05T20:31:13Z).
+std::string utc_now();
+
 /// Writes `text` to `path` durably (Note [Durable writes]): a reader never sees half a file.
 void write_text_file(const std::string& path, const std::string& text);
 

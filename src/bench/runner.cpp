@@ -43,10 +43,6 @@ void install_stop_handlers() {
 
 bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
 
-std::string file_text(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 }  // namespace
 
@@ -171,7 +167,7 @@ Outcome run_measurement(const Tools& tools, const BenchConfig& config, const Pla
     outcome.failure = launch::WorkerProcess::describe_status(status) + "; log: " + log_path;
     return outcome;
   }
-  const std::string line = last_nonempty_line(file_text(record_path));
+  const std::string line = last_nonempty_line(read_text_file(record_path));
   if (line.empty()) {
     outcome.failure = "the worker wrote no record to " + record_path + "; log: " + log_path;
     return outcome;

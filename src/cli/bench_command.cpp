@@ -44,12 +44,6 @@ struct Flags {
   bool strategies_given = false, nproc_given = false, steps_given = false;
 };
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return buf;
-}
 
 std::string describe(const bench::Measurement& m, bool with_backend) {
   char buf[160];
@@ -147,7 +141,7 @@ int run_bench(bench::BenchConfig config, const Flags& flags) {
 
   bench::Results results;
   results.tandem_version = version();
-  results.created_utc = utc_now();
+  results.created_utc = bench::utc_now();
   for (const auto& a : flags.argv) results.command += (results.command.empty() ? "" : " ") + a;
   results.machine = bench::describe_machine();
 
