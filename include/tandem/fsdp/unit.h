@@ -3,9 +3,8 @@
 // (docs/design/fsdp.md). LibTorch modules have no forward hooks, so the unit is a module in the
 // tree that runs the wrapped module's forward between "gather my parameters" and "free them".
 //
-// The unit adopts the wrapped module's parameters, buffers and children under their own names, so
-// the model's parameter names do not change (a checkpoint written under DDP names the same
-// tensors). Put units where the model's forward calls them through the tree:
+// The unit adopts the wrapped module's parameters, buffers and children under their own names
+// (tandem/nn/wrapper.h), so a checkpoint written under DDP names the same tensors. Put units where the model's forward calls them through the tree:
 //
 //   auto blocks = torch::nn::Sequential(Block(...), Block(...));
 //   tandem::fsdp::wrap_entries(*blocks);            // each entry becomes a Unit, in place
@@ -36,6 +35,7 @@
 #include "tandem/fsdp/forward_cast.h"
 #include "tandem/nn/checkpoint.h"
 #include "tandem/nn/checkpoint_module.h"
+#include "tandem/nn/wrapper.h"
 #include "tandem/output_tensors.h"
 
 namespace tandem::fsdp {
@@ -53,7 +53,7 @@ std::optional<at::ScalarType> output_dtype(const Engine& engine);
 
 }  // namespace detail
 
-class UnitImpl : public torch::nn::Module, public nn::Checkpointable {
+class UnitImpl : public nn::Wrapper, public nn::Checkpointable {
  public:
   /// Wraps `module` (any module with a forward). Throws tandem::Error when it is a Unit already.
   explicit UnitImpl(torch::nn::AnyModule module);
@@ -81,11 +81,6 @@ class UnitImpl : public torch::nn::Module, public nn::Checkpointable {
     return output;
   }
 
-  /// The wrapped module.
-  const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
-  void train(bool on = true) override;
-  void pretty_print(std::ostream& stream) const override;
-
   /// Run the wrapped forward as one checkpointed segment (nn::checkpoint with the unit's parameters)
   /// or not. Set it before the first forward under FullyShardedDataParallel: the engine refuses a
   /// checkpointed unit that contains units when it is made.
@@ -100,8 +95,6 @@ class UnitImpl : public torch::nn::Module, public nn::Checkpointable {
   bool attached() const { return !engine_.expired(); }
 
  private:
-  torch::nn::AnyModule inner_;
-  std::shared_ptr<torch::nn::Module> module_;
   std::weak_ptr<detail::Engine> engine_;
   size_t index_ = 0;
   std::optional<nn::CheckpointOptions> checkpoint_;

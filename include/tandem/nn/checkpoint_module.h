@@ -16,6 +16,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tandem/nn/checkpoint.h"
+#include "tandem/nn/wrapper.h"
 
 namespace tandem::nn {
 
@@ -31,7 +32,7 @@ class Checkpointable {
   virtual std::string wrapped_name() const = 0;
 };
 
-class CheckpointImpl : public torch::nn::Module {
+class CheckpointImpl : public Wrapper {
  public:
   /// Wraps `module` (any module with a forward); `options.parameters()` is ignored: the segment's
   /// parameters are the module's.
@@ -53,14 +54,7 @@ class CheckpointImpl : public torch::nn::Module {
     return nn::checkpoint(CheckpointOptions(options_).parameters(parameters()), run, std::forward<Args>(args)...);
   }
 
-  /// The wrapped module.
-  const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
-  void train(bool on = true) override;
-  void pretty_print(std::ostream& stream) const override;
-
  private:
-  torch::nn::AnyModule inner_;
-  std::shared_ptr<torch::nn::Module> module_;
   CheckpointOptions options_;
 };
 TORCH_MODULE(Checkpoint);

@@ -1,0 +1,185 @@
+// The styles of tandem/tp/style.h: each cuts the wrapped module's parameters in place (set_data:
+// the module's members, the Hookable's adopted names and anything holding the tensor see the
+// piece) and moves inputs and outputs in the Hookable's hooks.
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include "apply_style.h"
+#include "tandem/error.h"
+
+namespace tandem::tp::detail {
+namespace {
+
+using Kind = Placement::Kind;
+
+// `param` cut to this rank's chunk along `dim`, in place.
+void keep_chunk(at::Tensor& param, int64_t dim, const comm::ProcessGroup& group, const std::string& what) {
+  TANDEM_CHECK(param.size(dim) % group.size() == 0, "tp: ", what, " of size ", param.size(dim),
+               " does not divide among the ", group.size(), " ranks of the tensor-parallel group");
+  at::NoGradGuard no_grad;
+  param.set_data(chunk_along(param.detach(), dim, group));
+}
+
+// A whole parameter that each rank's forward used on its part of the sequence only: its gradient
+// is all-reduced over the group before it accumulates, so what DDP, FSDP or the optimizer see is
+// the whole gradient, on every rank.
+void sum_gradient_over(at::Tensor& param, const Group& group) {
+  if (!param.requires_grad()) return;
+  param.register_hook([group](const at::Tensor& grad) {
+    at::Tensor sum = grad.contiguous().clone();
+    group->all_reduce(sum);
+    return sum;
+  });
+}
+
+bool last_dim(const Placement& p) { return p.is_shard() && p.dim == -1; }
+
+struct Applier {
+  nn::HookableImpl& module;
+  const std::string& name;
+  const std::shared_ptr<Conversions>& conversions;
+  std::map<std::string, Placement> cut;
+
+  const Group& group() const { return conversions->group(); }
+
+  void operator()(const ColwiseParallel& s) {
+    TANDEM_CHECK(s.output_layout().kind == Kind::Replicate || last_dim(s.output_layout()), "tp: '", name,
+                 "': ColwiseParallel's output layout is Shard(-1) or Replicate(), not ", s.output_layout().str());
+    auto conv = conversions;
+    const std::string where = name;
+    const Placement in = s.input_layout(), out = s.output_layout();
+    if (auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(module.module())) {
+      keep_chunk(linear->weight, 0, *group(), "'" + name + "' has " + std::to_string(linear->weight.size(0)) +
+                                                  " output features, which as a ColwiseParallel dimension");
+      cut["weight"] = Placement::shard(0);
+      if (linear->bias.defined()) {
+        keep_chunk(linear->bias, 0, *group(), "'" + name + "'s bias");
+        cut["bias"] = Placement::shard(0);
+      }
+      module.add_forward_pre_hook([conv, where, in](size_t position, const at::Tensor& x) {
+        return position == 0 ? conv->input(x, in, Placement::replicate(), where) : x;
+      });
+    } else if (auto embedding = std::dynamic_pointer_cast<torch::nn::EmbeddingImpl>(module.module())) {
+      keep_chunk(embedding->weight, 1, *group(), "'" + name + "' has an embedding dimension of " +
+                                                     std::to_string(embedding->weight.size(1)) + ", which");
+      cut["weight"] = Placement::shard(1);
+      module.add_forward_pre_hook([conv, where, in](size_t position, const at::Tensor& x) {
+        return position == 0 ? conv->input(x, in, Placement::replicate(), where, /*differentiable=*/false) : x;
+      });
+    } else {
+      TANDEM_CHECK(false, "tp: ColwiseParallel applies to Linear and Embedding; '", name, "' is ",
+                   type_of(*module.module()));
+    }
+    module.add_forward_hook([conv, where, out](const at::Tensor& y) {
+      return conv->output(y, Placement::shard(-1), out, where);
+    });
+  }
+
+  void operator()(const RowwiseParallel& s) {
+    const Placement out = s.output_layout();
+    TANDEM_CHECK(out.kind == Kind::Replicate || (out.is_shard() && out.dim != -1), "tp: '", name,
+                 "': RowwiseParallel's output layout is Replicate() or Shard(d) of a dimension other than the last, "
+                 "not ", out.str());
+    auto conv = conversions;
+    const std::string where = name;
+    if (auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(module.module())) {
+      const Placement in = s.input_layout().value_or(Placement::shard(-1));
+      keep_chunk(linear->weight, 1, *group(), "'" + name + "' has " + std::to_string(linear->weight.size(1)) +
+                                                  " input features, which as a RowwiseParallel dimension");
+      cut["weight"] = Placement::shard(1);
+      // The bias is added once, to the reduced sum: Linear's forward runs without it (its member is
+      // emptied; the parameter stays registered under its name) and the output hook adds it.
+      at::Tensor bias = linear->bias;
+      linear->bias = at::Tensor();
+      if (bias.defined() && out.is_shard()) sum_gradient_over(bias, group());
+      module.add_forward_pre_hook([conv, where, in](size_t position, const at::Tensor& x) {
+        return position == 0 ? conv->input(x, in, Placement::shard(-1), where) : x;
+      });
+      module.add_forward_hook([conv, where, out, bias](const at::Tensor& y) {
+        at::Tensor reduced = conv->output(y, Placement::partial(), out, where);
+        return bias.defined() ? reduced + bias : reduced;
+      });
+    } else if (auto embedding = std::dynamic_pointer_cast<torch::nn::EmbeddingImpl>(module.module())) {
+      const Placement in = s.input_layout().value_or(Placement::replicate());
+      const auto& o = embedding->options;
+      TANDEM_CHECK(!o.padding_idx() && !o.max_norm(), "tp: '", name,
+                   "': RowwiseParallel on an Embedding with padding_idx or max_norm is not supported");
+      const int64_t rows = embedding->weight.size(0);
+      keep_chunk(embedding->weight, 0, *group(), "'" + name + "' has a vocabulary of " + std::to_string(rows) +
+                                                     " tokens, which");
+      cut["weight"] = Placement::shard(0);
+      const int64_t each = rows / group()->size();
+      const int64_t first = group()->rank() * each;
+      // Tokens of other ranks' rows look up row 0 and are zeroed after: the sum over ranks is the lookup.
+      auto outside = std::make_shared<at::Tensor>();
+      module.add_forward_pre_hook([conv, where, in, first, each, outside](size_t position, const at::Tensor& x) {
+        if (position != 0) return x;
+        at::Tensor tokens = conv->input(x, in, Placement::replicate(), where, /*differentiable=*/false);
+        *outside = (tokens < first) | (tokens >= first + each);
+        return (tokens - first).masked_fill(*outside, 0);
+      });
+      module.add_forward_hook([conv, where, out, outside](const at::Tensor& y) {
+        at::Tensor partial = y.masked_fill(outside->unsqueeze(-1), 0);
+        outside->reset();
+        return conv->output(partial, Placement::partial(), out, where);
+      });
+    } else {
+      TANDEM_CHECK(false, "tp: RowwiseParallel applies to Linear and Embedding; '", name, "' is ",
+                   type_of(*module.module()));
+    }
+  }
+
+  void operator()(const SequenceParallel& s) {
+    (void)s;
+    for (auto& param : module.parameters()) sum_gradient_over(param, group());
+  }
+
+  void operator()(const PrepareModuleInput& s) {
+    TANDEM_CHECK(s.input_layouts().size() == s.desired_input_layouts().size(), "tp: '", name,
+                 "': PrepareModuleInput has ", s.input_layouts().size(), " input layouts and ",
+                 s.desired_input_layouts().size(), " desired ones");
+    auto conv = conversions;
+    const std::string where = name;
+    auto from = s.input_layouts(), to = s.desired_input_layouts();
+    module.add_forward_pre_hook([conv, where, from, to](size_t position, const at::Tensor& x) {
+      if (position >= from.size()) return x;
+      const bool differentiable = at::isFloatingType(x.scalar_type()) || at::isComplexType(x.scalar_type());
+      if (from[position] == to[position]) {
+        if (from[position].kind == Kind::Replicate) conv->check_replicated(x, where);
+        return x;
+      }
+      if (to[position].kind == Kind::Replicate && differentiable) {
+        // The module computes on the whole tensor and returns its whole gradient: each rank keeps its chunk.
+        return gather_from(x, from[position].dim, conv->group());
+      }
+      return conv->input(x, from[position], to[position], where, differentiable);
+    });
+  }
+
+  void operator()(const PrepareModuleOutput& s) {
+    auto conv = conversions;
+    const std::string where = name;
+    const Placement from = s.output_layout(), to = s.desired_output_layout();
+    module.add_forward_hook([conv, where, from, to](const at::Tensor& y) { return conv->output(y, from, to, where); });
+  }
+};
+
+}  // namespace
+
+std::string type_of(const torch::nn::Module& module) {
+  std::string name = module.name();
+  const std::string impl = "Impl";
+  if (name.size() > impl.size() && name.compare(name.size() - impl.size(), impl.size(), impl) == 0) {
+    name.resize(name.size() - impl.size());
+  }
+  return name;
+}
+
+std::map<std::string, Placement> apply_style(const Style& style, nn::HookableImpl& module, const std::string& name,
+                                             const std::shared_ptr<Conversions>& conversions) {
+  Applier applier{module, name, conversions, {}};
+  std::visit(applier, style);
+  return applier.cut;
+}
+
+}  // namespace tandem::tp::detail

@@ -1,0 +1,441 @@
+// Tensor parallelism against a single process: one binary, run as a world of one and as every
+// rank of a `tandem run` job (2 and 4 Gloo ranks). Each rank also builds the whole model from the
+// same seed and runs it on the whole batch: the oracle. Outputs and losses agree to fp32
+// reduction-order tolerance, each rank's gradient pieces joined over the group are the whole
+// gradients, replicated parameters' gradients are bit-identical across the group, and after AdamW
+// steps the joined weights are the single process's.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
+
+#include "support/distributed_main.h"
+#include "support/errors.h"
+#include "tandem/comm/device_mesh.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
+#include "tandem/nn/hookable.h"
+#include "tandem/tp/functional.h"
+#include "tandem/tp/loss_parallel.h"
+#include "tandem/tp/parallelize.h"
+
+namespace {
+
+using tandem::comm::Placement;
+using tandem::nn::Hookable;
+using tandem::test::pg;
+using tandem::test::shared_pg;
+namespace tp = tandem::tp;
+
+int W() { return pg().size(); }
+int R() { return pg().rank(); }
+
+// ---------------------------------------------------------------------------------------------
+// The differentiable collectives, against closed forms: rank r holds x_r = (r + 1) * base and
+// weighs its output by w_r = r + 2 before summing it into its loss, so the gradient each
+// function's backward must produce is known.
+
+at::Tensor base() { return at::arange(24, at::kFloat).view({2, 4, 3}) * 0.5; }
+double weight_of(int r) { return r + 2.0; }
+double sum_of_weights() {
+  double s = 0;
+  for (int r = 0; r < W(); ++r) s += weight_of(r);
+  return s;
+}
+
+TEST(TpFunctional, CopyToIsTheIdentityWithAnAllReducedGradient) {
+  at::Tensor x = (base() * (R() + 1)).requires_grad_();
+  at::Tensor y = tp::copy_to(x, shared_pg());
+  EXPECT_TRUE(at::equal(y, x));
+  (y * weight_of(R())).sum().backward();
+  EXPECT_TRUE(at::allclose(x.grad(), at::full_like(x, sum_of_weights())));
+}
+
+TEST(TpFunctional, ReduceFromSumsAndPassesTheGradientThrough) {
+  at::Tensor x = (base() * (R() + 1)).requires_grad_();
+  at::Tensor y = tp::reduce_from(x, shared_pg());
+  EXPECT_TRUE(at::allclose(y, base() * (W() * (W() + 1) / 2.0)));
+  (y * weight_of(R())).sum().backward();
+  EXPECT_TRUE(at::allclose(x.grad(), at::full_like(x, weight_of(R()))));
+}
+
+TEST(TpFunctional, GatherAndScatterAlongAnyDimensionAreEachOthersBackward) {
+  for (int64_t dim : {0, 1, -1}) {
+    const int64_t d = dim < 0 ? dim + 3 : dim;
+    at::Tensor whole = at::arange(2 * 4 * 4, at::kFloat).view({2, 4, 4}).repeat_interleave(W(), d);
+    at::Tensor mine = whole.chunk(W(), d)[R()].contiguous().requires_grad_();
+    // gather_from: the whole tensor; the gradient comes back the same on every rank: keep my chunk.
+    at::Tensor gathered = tp::gather_from(mine, dim, shared_pg());
+    EXPECT_TRUE(at::equal(gathered, whole)) << "dim " << dim;
+    at::Tensor g = at::arange(whole.numel(), at::kFloat).view(whole.sizes());
+    gathered.backward(g);
+    EXPECT_TRUE(at::equal(mine.grad(), g.chunk(W(), d)[R()])) << "dim " << dim;
+    // all_gather: the same forward; the gradients are partial sums: reduce-scatter them.
+    at::Tensor mine2 = mine.detach().clone().requires_grad_();
+    tp::all_gather(mine2, dim, shared_pg()).backward(g * weight_of(R()));
+    EXPECT_TRUE(at::allclose(mine2.grad(), g.chunk(W(), d)[R()] * sum_of_weights())) << "dim " << dim;
+    // scatter_to: my chunk of a replicated tensor; the gradient all-gathered back.
+    at::Tensor rep = whole.clone().requires_grad_();
+    at::Tensor chunk = tp::scatter_to(rep, dim, shared_pg());
+    EXPECT_TRUE(at::equal(chunk, mine.detach())) << "dim " << dim;
+    chunk.backward(at::full_like(chunk, R() + 1.0));
+    std::vector<at::Tensor> expected;
+    for (int r = 0; r < W(); ++r) expected.push_back(at::full_like(chunk, r + 1.0));
+    EXPECT_TRUE(at::equal(rep.grad(), at::cat(expected, d))) << "dim " << dim;
+    // reduce_scatter: my chunk of the sum; the gradient all-gathered back.
+    at::Tensor partial = (whole * (R() + 1)).requires_grad_();
+    at::Tensor reduced = tp::reduce_scatter(partial, dim, shared_pg());
+    EXPECT_TRUE(at::allclose(reduced, whole.chunk(W(), d)[R()] * (W() * (W() + 1) / 2.0))) << "dim " << dim;
+    reduced.backward(at::full_like(reduced, R() + 1.0));
+    EXPECT_TRUE(at::equal(partial.grad(), at::cat(expected, d))) << "dim " << dim;
+  }
+}
+
+TEST(TpFunctional, ADimensionThatDoesNotDivideIsAOneLineError) {
+  if (W() == 1) GTEST_SKIP() << "every size divides by 1";
+  at::Tensor odd = at::ones({2, W() + 1});
+  EXPECT_ERROR(tp::scatter_to(odd, 1, shared_pg()),
+               "tp: a chunk along dimension 1 of size " + std::to_string(W() + 1) +
+                   ", which does not divide among the " + std::to_string(W()) + " ranks of the tensor-parallel group");
+  EXPECT_ERROR_HAS(tp::reduce_scatter(odd, -1, shared_pg()), "tp: a reduce-scatter along dimension -1 of size");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loss parallelism against at::cross_entropy_loss on the whole logits.
+
+TEST(TpLossParallel, EqualsTheWholeCrossEntropyWithIgnoredTargets) {
+  const int64_t classes = 6 * W();
+  torch::manual_seed(3);
+  at::Tensor whole = at::randn({5, 7, classes}) * 3;
+  at::Tensor target = at::randint(0, classes, {5, 7});
+  target.index_put_({0, at::indexing::Slice(0, 3)}, -100);
+  target.index_put_({2, 4}, 1);
+  for (auto reduction : {at::Reduction::Mean, at::Reduction::Sum, at::Reduction::None}) {
+    at::Tensor ref_logits = whole.clone().requires_grad_();
+    at::Tensor ref = at::cross_entropy_loss(ref_logits.view({-1, classes}), target.view({-1}), {}, reduction);
+    if (reduction == at::Reduction::None) ref = ref.view(target.sizes());
+    at::Tensor mine = whole.chunk(W(), -1)[R()].clone().requires_grad_();
+    at::Tensor loss = tp::cross_entropy(mine, target, shared_pg(), tp::CrossEntropyOptions().reduction(reduction));
+    EXPECT_TRUE(at::allclose(loss, ref, 1e-5, 1e-6)) << loss << " vs " << ref;
+    at::Tensor g = at::rand_like(ref) + 0.5;
+    ref.backward(g);
+    loss.backward(g);
+    EXPECT_TRUE(at::allclose(mine.grad(), ref_logits.grad().chunk(W(), -1)[R()], 1e-5, 1e-7));
+  }
+}
+
+TEST(TpLossParallel, NoValidTargetIsNaNAndABadTargetAnError) {
+  at::Tensor mine = at::randn({3, 4});
+  at::Tensor none = at::full({3}, -100, at::kLong);
+  EXPECT_TRUE(at::isnan(tp::cross_entropy(mine, none, shared_pg())).item<bool>());
+  at::Tensor bad = at::tensor({0, 4 * W(), 1}, at::kLong);
+  EXPECT_ERROR(tp::cross_entropy(mine, bad, shared_pg()),
+               "tp: cross_entropy: a target (" + std::to_string(4 * W()) + ") is outside the " + std::to_string(4 * W()) +
+                   " classes of the sharded logits (4 on each of " + std::to_string(W()) + " ranks)");
+  EXPECT_ERROR_HAS(tp::cross_entropy(mine, at::zeros({4}, at::kLong), shared_pg()),
+                   "tp: cross_entropy: targets of shape [4] for logits of shape [3, 4]");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A small GPT whose layers are Hookable: the plans' targets.
+
+constexpr int64_t kVocab = 16, kDim = 16, kHeads = 4, kContext = 8;
+
+struct AttentionImpl : torch::nn::Module {
+  AttentionImpl()
+      : q(register_module("q", Hookable(torch::nn::Linear(kDim, kDim)))),
+        // No bias for k: softmax ignores what it adds to every score of a row, so its gradient is
+        // zero but for rounding, and AdamW would step on the rounding's sign.
+        k(register_module("k", Hookable(torch::nn::Linear(torch::nn::LinearOptions(kDim, kDim).bias(false))))),
+        v(register_module("v", Hookable(torch::nn::Linear(kDim, kDim)))),
+        proj(register_module("proj", Hookable(torch::nn::Linear(kDim, kDim)))) {}
+  at::Tensor forward(at::Tensor x) {
+    const int64_t b = x.size(0), t = x.size(1), head_dim = kDim / kHeads;
+    // Heads from the width the layers give (kHeads / tp of them under tensor parallelism).
+    auto split = [&](const at::Tensor& y) { return y.view({b, t, -1, head_dim}).transpose(1, 2); };
+    at::Tensor y = at::scaled_dot_product_attention(split(q(x)), split(k(x)), split(v(x)), {}, 0.0, true);
+    return proj(y.transpose(1, 2).reshape({b, t, -1}));
+  }
+  Hookable q, k, v, proj;
+};
+TORCH_MODULE(Attention);
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl()
+      : fc1(register_module("fc1", Hookable(torch::nn::Linear(kDim, 4 * kDim)))),
+        fc2(register_module("fc2", Hookable(torch::nn::Linear(4 * kDim, kDim)))) {}
+  at::Tensor forward(at::Tensor x) { return fc2(at::gelu(fc1(x))); }
+  Hookable fc1, fc2;
+};
+TORCH_MODULE(Mlp);
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl()
+      : ln1(register_module("ln1", Hookable(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim}))))),
+        attn(register_module("attn", Hookable(Attention()))),
+        ln2(register_module("ln2", Hookable(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim}))))),
+        mlp(register_module("mlp", Hookable(Mlp()))) {}
+  at::Tensor forward(at::Tensor x) {
+    at::Tensor h = x + attn(ln1(x));
+    return h + mlp(ln2(h));
+  }
+  Hookable ln1, attn, ln2, mlp;
+};
+TORCH_MODULE(Block);
+
+struct GptImpl : torch::nn::Module {
+  GptImpl()
+      : tok(register_module("tok", Hookable(torch::nn::Embedding(kVocab, kDim)))),
+        pos(register_parameter("pos", at::randn({kContext, kDim}) * 0.1)),
+        blocks(register_module("blocks", torch::nn::Sequential())),
+        ln_f(register_module("ln_f", Hookable(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim}))))),
+        head(register_module("head", Hookable(torch::nn::Linear(kDim, kVocab)))) {
+    for (int i = 0; i < 2; ++i) blocks->push_back(Hookable(Block()));
+  }
+  at::Tensor forward(at::Tensor tokens) {
+    at::Tensor h = tok(tokens) + pos.slice(0, 0, tokens.size(1));
+    return head(ln_f(blocks->forward(h)));
+  }
+  Hookable tok;
+  at::Tensor pos;
+  torch::nn::Sequential blocks;
+  Hookable ln_f, head;
+};
+TORCH_MODULE(Gpt);
+
+Gpt make_gpt() {
+  torch::manual_seed(11);
+  return Gpt();
+}
+
+std::pair<at::Tensor, at::Tensor> batch(int64_t sequences, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Tensor seq = at::randint(0, kVocab, {sequences, kContext + 1}, gen);
+  return {seq.slice(1, 0, kContext).contiguous(), seq.slice(1, 1).contiguous()};
+}
+
+// Megatron's plan: attention's and the MLP's first layers column-wise, their second row-wise, the
+// embedding's vocabulary cut, the head's classes cut for the parallel loss.
+tp::Plan megatron_plan() {
+  return {{"tok", tp::RowwiseParallel()},
+          {"blocks.*.attn.[qkv]", tp::ColwiseParallel()},
+          {"blocks.*.attn.proj", tp::RowwiseParallel()},
+          {"blocks.*.mlp.fc1", tp::ColwiseParallel()},
+          {"blocks.*.mlp.fc2", tp::RowwiseParallel()},
+          {"head", tp::ColwiseParallel()}};
+}
+
+// Sequence parallelism besides: the norms run on sequence shards, the block inputs are gathered
+// at attention and MLP, the row-wise outputs reduce-scattered along the sequence.
+tp::Plan sequence_parallel_plan() {
+  const auto seq = Placement::shard(1), rep = Placement::replicate();
+  return {{"tok", tp::RowwiseParallel()},
+          {"blocks.0", tp::PrepareModuleInput().input_layouts({rep}).desired_input_layouts({seq})},
+          {"blocks.*.ln[12]", tp::SequenceParallel()},
+          {"blocks.*.attn", tp::PrepareModuleInput().input_layouts({seq}).desired_input_layouts({rep})},
+          {"blocks.*.attn.[qkv]", tp::ColwiseParallel()},
+          {"blocks.*.attn.proj", tp::RowwiseParallel().output_layout(seq)},
+          {"blocks.*.mlp", tp::PrepareModuleInput().input_layouts({seq}).desired_input_layouts({rep})},
+          {"blocks.*.mlp.fc1", tp::ColwiseParallel()},
+          {"blocks.*.mlp.fc2", tp::RowwiseParallel().output_layout(seq)},
+          {"ln_f", tp::SequenceParallel()},
+          {"head", tp::ColwiseParallel().input_layout(seq)}};
+}
+
+at::Tensor whole_loss(Gpt& model, const at::Tensor& x, const at::Tensor& y) {
+  return at::cross_entropy_loss(model->forward(x).reshape({-1, kVocab}), y.reshape({-1}));
+}
+at::Tensor parallel_loss(Gpt& model, const at::Tensor& x, const at::Tensor& y, const tp::Group& group) {
+  return tp::cross_entropy(model->forward(x), y, group);
+}
+
+// `piece` of a parameter placed as `placement` over `group`, joined whole.
+at::Tensor joined(const at::Tensor& piece, const Placement& placement, tandem::comm::ProcessGroup& group) {
+  return placement.is_shard() ? tp::detail::gather_along(piece.contiguous(), placement.dim, group) : piece;
+}
+
+void expect_replicated_bit_identical(const at::Tensor& t, tandem::comm::ProcessGroup& group, const std::string& name) {
+  const auto copies = group.all_gather(t.contiguous());
+  for (int r = 1; r < group.size(); ++r) EXPECT_TRUE(at::equal(copies[r], copies[0])) << name << " differs on rank " << r;
+}
+
+// One plan against the single process: loss, gradients (joined, and replicated ones the same on
+// every rank), and weights after three AdamW steps.
+void check_plan_against_single_process(const tp::Plan& plan) {
+  auto group = shared_pg();
+  Gpt reference = make_gpt();
+  Gpt model = make_gpt();
+  const tp::Layout layout = tp::parallelize(*model, group, plan);
+  torch::optim::AdamW ref_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = batch(4, 100 + step);
+    at::Tensor ref_loss = whole_loss(reference, x, y);
+    at::Tensor loss = parallel_loss(model, x, y, group);
+    EXPECT_TRUE(at::allclose(loss, ref_loss, 1e-5, 1e-6)) << "step " << step << ": " << loss << " vs " << ref_loss;
+    ref_loss.backward();
+    loss.backward();
+    auto ref_params = reference->named_parameters();
+    for (const auto& item : model->named_parameters()) {
+      const Placement placement = layout.placement(item.key());
+      const at::Tensor grad = item.value().grad();
+      ASSERT_TRUE(grad.defined()) << item.key();
+      EXPECT_TRUE(at::allclose(joined(grad, placement, *group), ref_params[item.key()].grad(), 1e-4, 1e-6))
+          << item.key() << " at step " << step;
+      if (!placement.is_shard()) expect_replicated_bit_identical(grad, *group, item.key());
+    }
+    ref_opt.step();
+    opt.step();
+    ref_opt.zero_grad();
+    opt.zero_grad();
+  }
+  auto ref_params = reference->named_parameters();
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(at::allclose(joined(item.value().detach(), layout.placement(item.key()), *group),
+                             ref_params[item.key()], 1e-4, 1e-6))
+        << item.key();
+  }
+}
+
+TEST(TensorParallel, MegatronPlanEqualsOneProcess) { check_plan_against_single_process(megatron_plan()); }
+
+TEST(TensorParallel, SequenceParallelPlanEqualsOneProcess) {
+  check_plan_against_single_process(sequence_parallel_plan());
+}
+
+TEST(TensorParallel, ThePlanCutsParametersAsPyTorchPlacesThem) {
+  Gpt model = make_gpt();
+  const auto layout = tp::parallelize(*model, shared_pg(), megatron_plan());
+  EXPECT_EQ(layout.placement("blocks.0.attn.q.weight"), Placement::shard(0));
+  EXPECT_EQ(layout.placement("blocks.0.attn.q.bias"), Placement::shard(0));
+  EXPECT_EQ(layout.placement("blocks.1.mlp.fc2.weight"), Placement::shard(1));
+  EXPECT_EQ(layout.placement("blocks.1.mlp.fc2.bias"), Placement::replicate());
+  EXPECT_EQ(layout.placement("tok.weight"), Placement::shard(0));
+  EXPECT_EQ(layout.placement("blocks.0.ln1.weight"), Placement::replicate());
+  auto params = model->named_parameters();
+  EXPECT_EQ(params["blocks.0.attn.q.weight"].sizes(), (std::vector<int64_t>{kDim / W(), kDim}));
+  EXPECT_EQ(params["blocks.0.mlp.fc2.weight"].sizes(), (std::vector<int64_t>{kDim, 4 * kDim / W()}));
+  EXPECT_EQ(params["tok.weight"].sizes(), (std::vector<int64_t>{kVocab / W(), kDim}));
+  EXPECT_EQ(params["blocks.0.mlp.fc2.bias"].sizes(), (std::vector<int64_t>{kDim}));
+}
+
+// Note [Shared conversions]: three column-wise layers reading one tensor all-reduce their input's
+// gradient once, not three times; the gradient is still the whole one.
+TEST(TensorParallel, LayersReadingOneTensorShareOneAllReduce) {
+  torch::manual_seed(5);
+  auto three = torch::nn::Sequential(Hookable(torch::nn::Linear(4, 2 * W())), Hookable(torch::nn::Linear(4, 2 * W())),
+                                     Hookable(torch::nn::Linear(4, 2 * W())));
+  torch::manual_seed(5);
+  auto reference = torch::nn::Sequential(torch::nn::Linear(4, 2 * W()), torch::nn::Linear(4, 2 * W()),
+                                         torch::nn::Linear(4, 2 * W()));
+  tp::parallelize(*three, shared_pg(), {{"*", tp::ColwiseParallel()}});
+  auto run = [](torch::nn::Sequential& net, const at::Tensor& x) {
+    at::Tensor sum;
+    for (size_t i = 0; i < net->size(); ++i) {
+      at::Tensor y = net[i]->as<tandem::nn::HookableImpl>() ? net->ptr<tandem::nn::HookableImpl>(i)->forward(x)
+                                                           : net->ptr<torch::nn::LinearImpl>(i)->forward(x);
+      sum = sum.defined() ? sum + y : y;
+    }
+    return sum;
+  };
+  for (int step = 0; step < 2; ++step) {  // the second step: no first-forward input check either
+    at::Tensor x = at::arange(12, at::kFloat).view({3, 4}).div(7).requires_grad_();
+    at::Tensor x_ref = x.detach().clone().requires_grad_();
+    at::Tensor out = tp::gather_from(run(three, x), -1, shared_pg());
+    const uint64_t before = pg().last_sequence_number();
+    (out * out).sum().backward();
+    EXPECT_EQ(pg().last_sequence_number() - before, 1u) << "collectives in backward, step " << step;
+    at::Tensor ref = run(reference, x_ref);
+    (ref * ref).sum().backward();
+    EXPECT_TRUE(at::allclose(x.grad(), x_ref.grad(), 1e-5, 1e-6));
+  }
+}
+
+// TP within pairs, FSDP across them: mesh (dp 2, tp 2) at 4 processes. Each dp coordinate trains
+// on its half of the batch; the oracle is one process on the whole batch.
+TEST(TensorParallel, WithFsdpOnATwoByTwoMeshEqualsOneProcess) {
+  if (W() != 4) GTEST_SKIP() << "a 2 x 2 mesh takes 4 processes";
+  tandem::comm::DeviceMesh mesh(shared_pg(), {2, 2}, {"dp", "tp"});
+  const int dp = mesh.local_rank("dp");
+  auto tp_group = mesh["tp"].group();
+  Gpt reference = make_gpt();
+  Gpt net = make_gpt();
+  const tp::Layout layout = tp::parallelize(*net, mesh["tp"], megatron_plan());
+  tandem::fsdp::FullyShardedDataParallel model(net, mesh["dp"]);
+  torch::optim::AdamW ref_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW opt(model->shard_parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = batch(4, 200 + step);
+    at::Tensor ref_loss = whole_loss(reference, x, y);
+    ref_loss.backward();
+    ref_opt.step();
+    ref_opt.zero_grad();
+    at::Tensor mine_x = x.chunk(2, 0)[dp], mine_y = y.chunk(2, 0)[dp];
+    at::Tensor loss = tp::cross_entropy(model->forward(mine_x), mine_y, tp_group);
+    at::Tensor both = loss.detach().clone().view({1});
+    mesh["dp"].group()->all_reduce(both);
+    EXPECT_TRUE(at::allclose(both / 2, ref_loss, 1e-5, 1e-6)) << "step " << step;
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+  }
+  auto ref_params = reference->named_parameters();
+  for (const auto& [name, whole_over_dp] : model->gather_parameters()) {
+    EXPECT_TRUE(at::allclose(joined(whole_over_dp, layout.placement(name), *tp_group), ref_params[name], 1e-4, 1e-6))
+        << name;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad plans: one line each, on every rank, no hang.
+
+TEST(TensorParallelErrors, ANameThatMatchesNothing) {
+  Gpt model = make_gpt();
+  const std::string error =
+      tandem::test::error_of([&] { tp::parallelize(*model, shared_pg(), {{"blocks.*.attn.wq", tp::ColwiseParallel()}}); });
+  EXPECT_THAT(error, ::testing::StartsWith("tp: the plan's 'blocks.*.attn.wq' matches no module of "));
+  EXPECT_THAT(error, ::testing::EndsWith("Gpt (its modules: 'tok', 'blocks', 'blocks.0', 'blocks.0.ln1', ...)"));
+}
+
+TEST(TensorParallelErrors, AModuleThatIsNotHookable) {
+  Gpt model = make_gpt();
+  EXPECT_ERROR(tp::parallelize(*model, shared_pg(), {{"blocks", tp::ColwiseParallel()}}),
+               "tp: 'blocks' (torch::nn::Sequential) is not a tandem::nn::Hookable: declare it as "
+               "tandem::nn::Hookable(...) so that the plan can run its collectives around its forward");
+}
+
+TEST(TensorParallelErrors, AModuleMatchedTwiceOrStyledWrong) {
+  Gpt model = make_gpt();
+  EXPECT_ERROR(tp::parallelize(*model, shared_pg(), {{"head", tp::ColwiseParallel()}, {"h*", tp::RowwiseParallel()}}),
+               "tp: 'head' is matched by both 'head' and 'h*' in the plan: give each module one style");
+  EXPECT_ERROR(tp::parallelize(*model, shared_pg(), {{"ln_f", tp::ColwiseParallel()}}),
+               "tp: ColwiseParallel applies to Linear and Embedding; 'ln_f' is torch::nn::LayerNorm");
+}
+
+TEST(TensorParallelErrors, FeaturesThatDoNotDivide) {
+  if (W() == 1) GTEST_SKIP() << "every size divides by 1";
+  auto net = torch::nn::Sequential(Hookable(torch::nn::Linear(4, 2 * W() + 1)));
+  EXPECT_ERROR(tp::parallelize(*net, shared_pg(), {{"0", tp::ColwiseParallel()}}),
+               "tp: '0' has " + std::to_string(2 * W() + 1) +
+                   " output features, which as a ColwiseParallel dimension of size " + std::to_string(2 * W() + 1) +
+                   " does not divide among the " + std::to_string(W()) + " ranks of the tensor-parallel group");
+}
+
+TEST(TensorParallelErrors, ABatchThatDiffersAcrossTheGroup) {
+  if (W() == 1) GTEST_SKIP() << "one rank cannot differ from itself";
+  Gpt model = make_gpt();
+  tp::parallelize(*model, shared_pg(), megatron_plan());
+  auto [x, y] = batch(2, 300 + R());  // each rank its own batch: wrong under tensor parallelism
+  EXPECT_ERROR(model->forward(x),
+               "tp: the input of 'tok' differs across the tensor-parallel group (rank 1 has another than rank 0): "
+               "every rank of a tp group must run on the same batch; shard the data over the data-parallel "
+               "dimensions only");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return tandem::test::distributed_test_main(argc, argv); }
