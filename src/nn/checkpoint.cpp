@@ -35,6 +35,7 @@ namespace tandem::nn::detail {
 namespace {
 
 thread_local int recompute_depth = 0;
+thread_local int gradients_depth = 0;
 
 // The leaves that require grad which the recomputed graph reaches (their AccumulateGrad nodes)
 // short of the targets' own nodes: tensors the segment read without naming them, whose gradients
@@ -164,6 +165,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
                  "): their gradients would be lost; pass them as arguments or list them in the options");
     torch::autograd::variable_list grads;
     if (!roots.empty() && !targets.empty()) {
+      ++gradients_depth;
+      ScopeExit taken([] { --gradients_depth; });
       grads = torch::autograd::grad(roots, targets, root_grads, /*retain_graph=*/false, /*create_graph=*/false,
                                     /*allow_unused=*/true);
     }
@@ -177,6 +180,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 }  // namespace
 
 bool in_recompute() { return recompute_depth > 0; }
+bool taking_segment_gradients() { return gradients_depth > 0; }
 
 bool needs_checkpoint(const std::vector<at::Tensor>& inputs, const CheckpointOptions& options) {
   if (!at::GradMode::is_enabled()) return false;

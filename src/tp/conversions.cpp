@@ -26,8 +26,6 @@ at::Tensor Conversions::run(const at::Tensor& x, Kind kind, int64_t dim, const G
       return copy_to(x, group);
     case Kind::Scatter:
       return scatter_to(x, dim, group);
-    case Kind::Gather:
-      return gather_from(x, dim, group);
     case Kind::AllGather:
       return all_gather(x, dim, group);
   }
@@ -36,18 +34,23 @@ at::Tensor Conversions::run(const at::Tensor& x, Kind kind, int64_t dim, const G
 
 at::Tensor Conversions::shared(const at::Tensor& x, Kind kind, int64_t dim) {
   const bool grad_mode = at::GradMode::is_enabled();
-  const uint32_t version = x.is_inference() ? 0 : x._version();
+  // Inference tensors keep no version: never shared.
+  const bool versioned = !x.is_inference();
+  const int64_t version = versioned ? x._version() : 0;
   for (const Entry& e : recent_) {
-    if (e.kind != kind || e.dim != dim || e.grad_mode != grad_mode || e.version != version) continue;
+    if (!versioned || e.kind != kind || e.dim != dim || e.grad_mode != grad_mode || e.version != version) continue;
     auto input = e.input.lock();
     if (!input || input.get() != x.unsafeGetTensorImpl()) continue;
     auto output = e.output.lock();
-    if (output) return at::Tensor(std::move(output));
+    if (!output) continue;
+    at::Tensor out(std::move(output));
+    if (out._version() == e.output_version) return out;
   }
   at::Tensor out = run(x, kind, dim, group_);
+  if (!versioned || out.is_inference()) return out;
   if (recent_.size() == kRemembered) recent_.erase(recent_.begin());
   recent_.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(x.getIntrusivePtr()), version, kind, dim, grad_mode,
-                     c10::weak_intrusive_ptr<c10::TensorImpl>(out.getIntrusivePtr())});
+                     c10::weak_intrusive_ptr<c10::TensorImpl>(out.getIntrusivePtr()), out._version()});
   return out;
 }
 
@@ -87,14 +90,18 @@ at::Tensor Conversions::output(const at::Tensor& x, const comm::Placement& from,
 }
 
 void Conversions::check_replicated(const at::Tensor& x, const std::string& module) {
-  if (group_->size() == 1 || !checked_.insert(module).second) return;
+  if (group_->size() == 1 || checked_.count(module)) return;
   at::NoGradGuard no_grad;
-  const at::Tensor values = x.detach().to(at::kDouble).reshape({-1});
-  const at::Tensor positions = at::arange(values.numel(), values.options());
-  at::Tensor mine = at::stack({at::scalar_tensor(static_cast<double>(values.numel()), values.options()),
-                               values.sum(), (values * values).sum(), (values * positions).sum()})
+  // A fingerprint of the bytes, in integer arithmetic: the same on every rank for the same tensor
+  // whatever its values (NaN included) and however many threads add it up.
+  const at::Tensor bytes = x.detach().contiguous().view({-1}).view(at::kByte).to(at::kLong);
+  const at::Tensor weights = at::arange(bytes.numel(), bytes.options()).remainder(65521).add_(1);
+  at::Tensor mine = at::stack({at::scalar_tensor(x.numel(), bytes.options()),
+                               at::scalar_tensor(static_cast<int64_t>(x.scalar_type()), bytes.options()),
+                               bytes.sum(), (bytes * weights).sum()})
                         .to(x.device());
   const auto everyone = group_->all_gather(mine);
+  checked_.insert(module);
   for (int r = 0; r < group_->size(); ++r) {
     if (at::equal(everyone[r], everyone[0])) continue;
     throw Error(message("tp: the input of '", module, "' differs across the tensor-parallel group (", group_->describe_rank(r),

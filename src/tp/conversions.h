@@ -33,14 +33,15 @@ class Conversions {
   void check_replicated(const at::Tensor& x, const std::string& module);
 
  private:
-  enum class Kind { CopyTo, Scatter, Gather, AllGather };
+  enum class Kind { CopyTo, Scatter, AllGather };
   struct Entry {
     c10::weak_intrusive_ptr<c10::TensorImpl> input;
-    uint32_t version = 0;
+    int64_t version = 0;
     Kind kind = Kind::CopyTo;
     int64_t dim = 0;
     bool grad_mode = false;
     c10::weak_intrusive_ptr<c10::TensorImpl> output;
+    int64_t output_version = 0;  // a result changed in place since is not the conversion any more
   };
   at::Tensor shared(const at::Tensor& x, Kind kind, int64_t dim);
   static at::Tensor run(const at::Tensor& x, Kind kind, int64_t dim, const Group& group);

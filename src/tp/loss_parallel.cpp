@@ -29,14 +29,19 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
 
     const at::Tensor valid = t != options.ignore_index();
     const at::Tensor out_of_range = valid & ((t < 0) | (t >= total));
-    TANDEM_CHECK(!out_of_range.any().item<bool>(), "tp: cross_entropy: a target (",
-                 t.masked_select(out_of_range)[0].item<int64_t>(), ") is outside the ", total,
-                 " classes of the sharded logits (", classes, " on each of ", group->size(), " ranks)");
+    const bool bad_here = out_of_range.any().item<bool>();
     const at::Tensor mine = valid & (t >= first) & (t < first + classes);
     const at::Tensor local_target = (t - first).masked_fill(~mine, 0);
 
-    at::Tensor max = std::get<0>(x.max(1));
-    group->all_reduce(max, comm::ReduceOp::Max);
+    // The row maxima, and whether any rank found a bad target (every rank raises, none waits).
+    at::Tensor max_and_flag = at::cat({std::get<0>(x.max(1)), at::full({1}, bad_here ? 1.0 : 0.0, x.options())});
+    group->all_reduce(max_and_flag, comm::ReduceOp::Max);
+    TANDEM_CHECK(!bad_here, "tp: cross_entropy: a target (", t.masked_select(out_of_range)[0].item<int64_t>(),
+                 ") is outside the ", total, " classes of the sharded logits (", classes, " on each of ",
+                 group->size(), " ranks)");
+    TANDEM_CHECK(max_and_flag[-1].item<double>() == 0, "tp: cross_entropy: another rank of the group has a target "
+                 "outside the ", total, " classes: the targets must be the same on every rank of the group");
+    at::Tensor max = max_and_flag.narrow(0, 0, x.size(0));
     at::Tensor shifted = x - max.unsqueeze(1);
     at::Tensor exp = shifted.exp();
     at::Tensor sum_exp = exp.sum(1);
@@ -57,7 +62,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
       case at::Reduction::Sum:
         out = loss.sum();
         break;
-      case at::Reduction::Mean:
+      default:  // Mean
         out = loss.sum() / count;
         break;
     }
@@ -83,7 +88,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
       case at::Reduction::Sum:
         per_row = g.expand({softmax.size(0)});
         break;
-      case at::Reduction::Mean:
+      default:  // Mean
         per_row = (g / count).expand({softmax.size(0)});
         break;
     }
@@ -108,6 +113,9 @@ at::Tensor cross_entropy(const at::Tensor& local_logits, const at::Tensor& targe
                local_logits.scalar_type(), ", not a floating type");
   TANDEM_CHECK(target.scalar_type() == at::kLong, "tp: cross_entropy: targets of dtype ", target.scalar_type(),
                ", not int64 class indices");
+  const auto r = options.reduction();
+  TANDEM_CHECK(r == at::Reduction::None || r == at::Reduction::Sum || r == at::Reduction::Mean,
+               "tp: cross_entropy: reduction ", static_cast<int64_t>(r), " is none of None, Sum and Mean");
   const auto expected = local_logits.sizes().slice(0, local_logits.dim() - 1);
   TANDEM_CHECK(target.sizes() == expected, "tp: cross_entropy: targets of shape ", target.sizes(),
                " for logits of shape ", local_logits.sizes(), " (expected ", expected, ")");

@@ -2,6 +2,7 @@
 
 #include <fnmatch.h>
 
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -88,13 +89,16 @@ Layout parallelize(torch::nn::Module& module, Group group, const Plan& plan) {
     }
   }
 
-  sync_from_first(module, *group);
   Layout layout{group, {}};
   auto conversions = std::make_shared<detail::Conversions>(group);
-  for (const auto& [name, style] : targets) {
-    auto& hookable = *dynamic_cast<nn::HookableImpl*>(modules[name].get());
-    for (const auto& [param, placement] : detail::apply_style(*style, hookable, name, conversions)) {
-      layout.placements[name + "." + param] = placement;
+  for (const bool checking : {true, false}) {  // Note [Checked before cut] in styles.cpp
+    if (!checking) sync_from_first(module, *group);
+    std::set<c10::TensorImpl*> cut;
+    for (const auto& [name, style] : targets) {
+      auto& hookable = *dynamic_cast<nn::HookableImpl*>(modules[name].get());
+      for (const auto& [param, placement] : detail::apply_style(*style, hookable, name, conversions, checking, cut)) {
+        layout.placements[name + "." + param] = placement;
+      }
     }
   }
   return layout;

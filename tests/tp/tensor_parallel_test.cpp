@@ -12,12 +12,14 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
 #include "support/distributed_main.h"
 #include "support/errors.h"
 #include "tandem/comm/device_mesh.h"
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
+#include "tandem/nn/checkpoint_module.h"
 #include "tandem/nn/hookable.h"
 #include "tandem/tp/functional.h"
 #include "tandem/tp/loss_parallel.h"
@@ -188,13 +190,20 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 struct GptImpl : torch::nn::Module {
-  GptImpl()
+  /// `checkpointed`: every block's forward recomputed in backward (tandem::nn::Checkpoint).
+  explicit GptImpl(bool checkpointed = false)
       : tok(register_module("tok", Hookable(torch::nn::Embedding(kVocab, kDim)))),
         pos(register_parameter("pos", at::randn({kContext, kDim}) * 0.1)),
         blocks(register_module("blocks", torch::nn::Sequential())),
         ln_f(register_module("ln_f", Hookable(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim}))))),
         head(register_module("head", Hookable(torch::nn::Linear(kDim, kVocab)))) {
-    for (int i = 0; i < 2; ++i) blocks->push_back(Hookable(Block()));
+    for (int i = 0; i < 2; ++i) {
+      if (checkpointed) {
+        blocks->push_back(Hookable(tandem::nn::Checkpoint(Block())));
+      } else {
+        blocks->push_back(Hookable(Block()));
+      }
+    }
   }
   at::Tensor forward(at::Tensor tokens) {
     at::Tensor h = tok(tokens) + pos.slice(0, 0, tokens.size(1));
@@ -207,9 +216,9 @@ struct GptImpl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
-Gpt make_gpt() {
+Gpt make_gpt(bool checkpointed = false) {
   torch::manual_seed(11);
-  return Gpt();
+  return Gpt(checkpointed);
 }
 
 std::pair<at::Tensor, at::Tensor> batch(int64_t sequences, uint64_t seed) {
@@ -246,6 +255,21 @@ tp::Plan sequence_parallel_plan() {
           {"head", tp::ColwiseParallel().input_layout(seq)}};
 }
 
+// The layouts the two plans above leave out: a column-wise embedding gathered whole, an MLP whose
+// first layer's output is gathered and whose second takes its chunk of it, a block's output cut
+// along the sequence by PrepareModuleOutput, and the head all-gathering its sequence-sharded input.
+tp::Plan other_layouts_plan() {
+  const auto seq = Placement::shard(1), rep = Placement::replicate();
+  return {{"tok", tp::ColwiseParallel().output_layout(rep)},
+          {"blocks.*.attn.[qkv]", tp::ColwiseParallel()},
+          {"blocks.*.attn.proj", tp::RowwiseParallel()},
+          {"blocks.*.mlp.fc1", tp::ColwiseParallel().output_layout(rep)},
+          {"blocks.*.mlp.fc2", tp::RowwiseParallel().input_layout(rep)},
+          {"blocks.1", tp::PrepareModuleOutput().output_layout(rep).desired_output_layout(seq)},
+          {"ln_f", tp::SequenceParallel()},
+          {"head", tp::ColwiseParallel().input_layout(seq)}};
+}
+
 at::Tensor whole_loss(Gpt& model, const at::Tensor& x, const at::Tensor& y) {
   return at::cross_entropy_loss(model->forward(x).reshape({-1, kVocab}), y.reshape({-1}));
 }
@@ -265,10 +289,10 @@ void expect_replicated_bit_identical(const at::Tensor& t, tandem::comm::ProcessG
 
 // One plan against the single process: loss, gradients (joined, and replicated ones the same on
 // every rank), and weights after three AdamW steps.
-void check_plan_against_single_process(const tp::Plan& plan) {
+void check_plan_against_single_process(const tp::Plan& plan, bool checkpointed = false) {
   auto group = shared_pg();
   Gpt reference = make_gpt();
-  Gpt model = make_gpt();
+  Gpt model = make_gpt(checkpointed);
   const tp::Layout layout = tp::parallelize(*model, group, plan);
   torch::optim::AdamW ref_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
@@ -299,12 +323,24 @@ void check_plan_against_single_process(const tp::Plan& plan) {
                              ref_params[item.key()], 1e-4, 1e-6))
         << item.key();
   }
+  // Without autograd too (evaluation).
+  at::NoGradGuard no_grad;
+  auto [x, y] = batch(4, 150);
+  EXPECT_TRUE(at::allclose(parallel_loss(model, x, y, group), whole_loss(reference, x, y), 1e-5, 1e-6));
 }
 
 TEST(TensorParallel, MegatronPlanEqualsOneProcess) { check_plan_against_single_process(megatron_plan()); }
 
 TEST(TensorParallel, SequenceParallelPlanEqualsOneProcess) {
   check_plan_against_single_process(sequence_parallel_plan());
+}
+
+TEST(TensorParallel, OtherLayoutsEqualOneProcess) { check_plan_against_single_process(other_layouts_plan()); }
+
+// Checkpointed blocks: the norms' gradients are summed over the group once, though their tensor
+// hooks see them twice (nn::detail::taking_segment_gradients).
+TEST(TensorParallel, SequenceParallelWithActivationCheckpointingEqualsOneProcess) {
+  check_plan_against_single_process(sequence_parallel_plan(), /*checkpointed=*/true);
 }
 
 TEST(TensorParallel, ThePlanCutsParametersAsPyTorchPlacesThem) {
@@ -357,8 +393,9 @@ TEST(TensorParallel, LayersReadingOneTensorShareOneAllReduce) {
 
 // TP within pairs, FSDP across them: mesh (dp 2, tp 2) at 4 processes. Each dp coordinate trains
 // on its half of the batch; the oracle is one process on the whole batch.
-TEST(TensorParallel, WithFsdpOnATwoByTwoMeshEqualsOneProcess) {
-  if (W() != 4) GTEST_SKIP() << "a 2 x 2 mesh takes 4 processes";
+// SGD's step is the gradient's (a gradient off by a factor shows); AdamW's is the oracle.
+template <typename Optimizer, typename Options>
+void check_tp_fsdp_against_single_process(Options options) {
   tandem::comm::DeviceMesh mesh(shared_pg(), {2, 2}, {"dp", "tp"});
   const int dp = mesh.local_rank("dp");
   auto tp_group = mesh["tp"].group();
@@ -366,8 +403,8 @@ TEST(TensorParallel, WithFsdpOnATwoByTwoMeshEqualsOneProcess) {
   Gpt net = make_gpt();
   const tp::Layout layout = tp::parallelize(*net, mesh["tp"], megatron_plan());
   tandem::fsdp::FullyShardedDataParallel model(net, mesh["dp"]);
-  torch::optim::AdamW ref_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
-  torch::optim::AdamW opt(model->shard_parameters(), torch::optim::AdamWOptions(1e-2));
+  Optimizer ref_opt(reference->parameters(), options);
+  Optimizer opt(model->shard_parameters(), options);
   for (int step = 0; step < 3; ++step) {
     auto [x, y] = batch(4, 200 + step);
     at::Tensor ref_loss = whole_loss(reference, x, y);
@@ -388,6 +425,12 @@ TEST(TensorParallel, WithFsdpOnATwoByTwoMeshEqualsOneProcess) {
     EXPECT_TRUE(at::allclose(joined(whole_over_dp, layout.placement(name), *tp_group), ref_params[name], 1e-4, 1e-6))
         << name;
   }
+}
+
+TEST(TensorParallel, WithFsdpOnATwoByTwoMeshEqualsOneProcess) {
+  if (W() != 4) GTEST_SKIP() << "a 2 x 2 mesh takes 4 processes";
+  check_tp_fsdp_against_single_process<torch::optim::SGD>(torch::optim::SGDOptions(0.5));
+  check_tp_fsdp_against_single_process<torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -423,6 +466,17 @@ TEST(TensorParallelErrors, FeaturesThatDoNotDivide) {
                "tp: '0' has " + std::to_string(2 * W() + 1) +
                    " output features, which as a ColwiseParallel dimension of size " + std::to_string(2 * W() + 1) +
                    " does not divide among the " + std::to_string(W()) + " ranks of the tensor-parallel group");
+}
+
+TEST(TensorParallelErrors, ATensorCutTwiceAndABadPlanLeavesTheModelWhole) {
+  auto shared = torch::nn::Linear(4, 2 * W());  // one module under two names: its weight is tied
+  auto net = torch::nn::Sequential(Hookable(shared), Hookable(shared));
+  EXPECT_ERROR(tp::parallelize(*net, shared_pg(), {{"*", tp::ColwiseParallel()}}),
+               "tp: '1.weight' is a tensor the plan cuts already (a tied weight?): give tied modules one style, or "
+               "untie them");
+  // Note [Checked before cut]: nothing was cut, no hook set.
+  EXPECT_EQ(shared->weight.sizes(), (std::vector<int64_t>{2 * W(), 4}));
+  EXPECT_FALSE(net->ptr<tandem::nn::HookableImpl>(0)->has_hooks());
 }
 
 TEST(TensorParallelErrors, ABatchThatDiffersAcrossTheGroup) {

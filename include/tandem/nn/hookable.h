@@ -13,6 +13,7 @@
 // their own names (tandem/nn/wrapper.h): "q.weight" stays "q.weight".
 #include <cstddef>
 #include <functional>
+#include <tuple>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -64,7 +65,11 @@ class HookableImpl : public Wrapper {
 
   template <typename R, size_t... I, typename... Args>
   R call_indexed(std::index_sequence<I...>, Args&&... args) {
-    R output = inner_.forward<R>(before(I, std::forward<Args>(args))...);
+    // A braced list runs the pre-hooks left to right (a call's arguments have no order in C++):
+    // hooks that run collectives must run in one order on every process.
+    std::tuple<decltype(before(I, std::forward<Args>(args)))...> converted{before(I, std::forward<Args>(args))...};
+    R output = std::apply([this](auto&&... a) { return inner_.forward<R>(std::forward<decltype(a)>(a)...); },
+                          std::move(converted));
     if constexpr (std::is_same_v<R, at::Tensor>) {
       for (const auto& hook : post_) output = hook(output);
     } else {
