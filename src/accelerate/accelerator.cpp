@@ -20,6 +20,7 @@
 #include "tandem/fsdp/fsdp_optimizer.h"
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/host_allocator.h"
+#include "tandem/tp/parallelize.h"
 #include "tandem/zero/clip_grad_norm.h"
 #include "tandem/zero/gradient_sharded_optimizer.h"
 #include "tandem/zero/sharded_optimizer.h"
@@ -74,17 +75,24 @@ void Accelerator::initialize() {
   if (!pg_ && (world_.world_size > 1 || plan_.strategy == Strategy::Ddp || plan_.strategy == Strategy::Fsdp)) {
     pg_ = comm::ProcessGroup::create(world_, comm::ProcessGroupOptions().timeout(options_.collective_timeout()));
   }
-  if (plan_.hybrid()) {
+  if (plan_.tp > 1) {
+    mesh_.emplace(pg_, std::vector<int64_t>{plan_.replicate, plan_.shard, plan_.tp},
+                  std::vector<std::string>{"replicate", "shard", "tp"});
+    dp_group_ = mesh_->flatten({"replicate", "shard"}, "dp").group();
+  } else if (plan_.hybrid()) {
     mesh_.emplace(pg_, std::vector<int64_t>{plan_.replicate, plan_.shard}, std::vector<std::string>{"replicate", "shard"});
   }
-  torch::manual_seed(options_.seed() + static_cast<uint64_t>(world_.rank));
+  // One seed per data-parallel rank: a tensor-parallel group draws the same dropout masks on the
+  // activations it holds whole, as one process would.
+  torch::manual_seed(options_.seed() + static_cast<uint64_t>(data_parallel_rank()));
   if (options_.mixed_precision() == Precision::Fp16) {
     scaler_ = pg_ ? std::make_unique<amp::GradScaler>(pg_, options_.scaler())
                   : std::make_unique<amp::GradScaler>(options_.scaler());
   }
   print("tandem: strategy %s (%s), device %s, mixed precision %s, %d process%s%s\n", to_string(plan_.strategy),
         reason_.c_str(), device_.str().c_str(), to_string(options_.mixed_precision()), world_.world_size,
-        world_.world_size == 1 ? "" : "es", plan_.hybrid() ? (" as " + plan_.describe()).c_str() : "");
+        world_.world_size == 1 ? "" : "es",
+        plan_.hybrid() || plan_.tp > 1 ? (" as " + plan_.describe()).c_str() : "");
 }
 
 Accelerator::~Accelerator() = default;
@@ -118,6 +126,9 @@ void Accelerator::choose_strategy() {
   TANDEM_CHECK(options_.zero_stage() == 0 || plan_.strategy != Strategy::Fsdp, "Accelerator: zero_stage ",
                options_.zero_stage(), " with Strategy::Fsdp: FSDP shards parameters, gradients and optimizer state "
                "already (ZeRO-3); leave zero_stage at 0");
+  TANDEM_CHECK(options_.zero_stage() == 0 || plan_.tp == 1, "Accelerator: zero_stage ", options_.zero_stage(),
+               " with tp_size ", plan_.tp, ": ZeRO over tensor-parallel pieces is not built; use Strategy::Fsdp (it "
+               "shards the pieces) or zero_stage 0");
   TANDEM_CHECK(options_.zero_stage() == 0 || plan_.strategy != Strategy::DataParallel, "Accelerator: zero_stage ",
                options_.zero_stage(), " shards the optimizer across processes, and DataParallel runs in one: start "
                "one process per device (tandem run --nproc-per-node N) with Strategy::Ddp, or use zero_stage 0");
@@ -128,7 +139,7 @@ void Accelerator::choose_strategy() {
 
 fsdp::FullyShardOptions Accelerator::fsdp_options(torch::nn::Module& model) const {
   fsdp::FullyShardOptions options = options_.fsdp();
-  if (mesh_) options.replicate_group(mesh_->group("replicate"));  // HSDP
+  if (mesh_ && plan_.replicate > 1) options.replicate_group(mesh_->group("replicate"));  // HSDP
   if (!options.auto_wrap() && !fsdp::detail::has_units(model)) options.auto_wrap(fsdp::AutoWrapPolicy());
   if (!options.activation_checkpointing()) options.activation_checkpointing(options_.activation_checkpointing());
   // accelerate's FSDP2 plugin: mixed_precision gathers, computes and reduces in its dtype (autocast
@@ -330,6 +341,7 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
       if (scaler_->state_of(o->optimizer()) == amp::OptState::Ready) scaler_->unscale(o->optimizer());
     }
   }
+  if (plan_.tp > 1) return clip_tensor_parallel(parameters, max_norm, norm_type);
   // One optimizer (the common case) clips its own way; several: each gradient counted where its
   // optimizer keeps it (ZeRO-1's owners, rank 0 for whole ones). Gradients split into pieces
   // (ZeRO-2, FSDP) are each optimizer's own, so one norm over several of them is refused.
@@ -344,18 +356,61 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
   return zero::clip_grad_norm(parameters, owners, *pg_, max_norm, norm_type);
 }
 
+// Note [Clipping tensor-parallel gradients]
+// Under tensor parallelism a rank holds pieces of some gradients (the parameters the plan cut;
+// under FSDP, rows of those pieces) and copies of others: the whole parameters are the same on
+// every rank of a tensor-parallel group, DDP's gradients on every data-parallel rank, HSDP's on
+// every replica. The norm counts each piece once over the whole job: a cut parameter's on the
+// first data-parallel rank (the first replica under FSDP), a whole one's there and on the first
+// tensor-parallel rank only; one all-reduce over every process sums them, and every rank scales
+// what it holds by torch's coefficient.
+double Accelerator::clip_tensor_parallel(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
+  const bool first_copy = plan_.strategy == Strategy::Fsdp ? mesh_->local_rank("replicate") == 0
+                                                           : data_parallel_rank() == 0;
+  const bool first_tp = mesh_->local_rank("tp") == 0;
+  std::vector<at::Tensor> grads;
+  std::vector<bool> counted;
+  for (const auto& p : parameters) {
+    at::Tensor grad;
+    bool cut = false;
+    for (const auto& m : models_) {
+      if (m.fsdp && m.fsdp->spec_of(p)) grad = m.fsdp->shard_of(p).grad();
+      cut = cut || m.tp_pieces.count(p.unsafeGetTensorImpl()) > 0;
+    }
+    if (plan_.strategy != Strategy::Fsdp) grad = p.grad();
+    grads.push_back(grad);
+    counted.push_back(first_copy && (cut || first_tp));
+  }
+  return zero::clip_grad_norm_of_pieces(grads, counted, *pg_, max_norm, norm_type);
+}
+
+std::set<const c10::TensorImpl*> Accelerator::parallelize(torch::nn::Module& module, const tp::Plan* plan) {
+  if (plan_.tp == 1) return {};
+  TANDEM_CHECK(plan, "prepare_model: tp_size ", plan_.tp, " cuts the model's layers by a plan: call "
+               "prepare_model(model, plan) (tandem/tp/parallelize.h)");
+  const tp::Layout layout = tp::parallelize(module, (*mesh_)["tp"], *plan);
+  const auto params = module.named_parameters(true);
+  std::set<const c10::TensorImpl*> cut;
+  for (const auto& [name, placement] : layout.placements) {
+    if (placement.is_shard()) cut.insert(params[name].unsafeGetTensorImpl());
+  }
+  return cut;
+}
+
 // ---- utilities ------------------------------------------------------------------------------------
 
 void Accelerator::wait_for_everyone() {
   if (pg_ && pg_->size() > 1) pg_->barrier();
 }
 
-at::Tensor Accelerator::gather(const at::Tensor& tensor) {
-  if (!pg_ || pg_->size() == 1) return tensor;
+at::Tensor Accelerator::gather(const at::Tensor& tensor) { return gather_over(pg_.get(), tensor); }
+
+at::Tensor Accelerator::gather_over(comm::ProcessGroup* group, const at::Tensor& tensor) {
+  if (!group || group->size() == 1) return tensor;
   at::Tensor local = tensor.contiguous();
-  const bool cpu_only = !pg_->has_nccl() && local.is_cuda();
+  const bool cpu_only = !group->has_nccl() && local.is_cuda();
   if (cpu_only) local = local.cpu();
-  auto parts = pg_->all_gather(local);
+  auto parts = group->all_gather(local);
   return at::cat(parts, 0).to(tensor.device());
 }
 
@@ -367,10 +422,11 @@ at::Tensor Accelerator::reduce(const at::Tensor& tensor, comm::ReduceOp op) {
 
 // Rank r's i-th sample of this round sits at position first_sample + i * W + r of the epoch's
 // padded order (Note [Loader position]); positions from the dataset size on are the repeated ones.
+// W counts the data-parallel ranks: a tensor-parallel group's ranks share their samples.
 at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) {
   TANDEM_CHECK(tensor.dim() > 0, "gather_for_metrics: the tensor needs a batch dimension (dim 0)");
-  at::Tensor all = gather(tensor);
-  const int W = world_.world_size;
+  at::Tensor all = gather_over(data_parallel_group().get(), tensor);
+  const int W = data_parallel_size();
   if (W == 1 || !last_batch_) return all;
   const auto& p = *last_batch_;
   const int64_t rows = tensor.size(0);

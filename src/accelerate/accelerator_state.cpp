@@ -199,6 +199,8 @@ std::vector<at::Tensor> Accelerator::held_parameters(size_t o) const {
 // replicas hold the same rows: only the first replica's processes write theirs (writes_rows()),
 // the others' files hold none, so the pieces still tile every tensor once.
 std::string Accelerator::save_state(const std::string& root) {
+  TANDEM_CHECK(plan_.tp == 1, "save_state: checkpoints of tensor-parallel models (tp_size ", plan_.tp,
+               ") are not built yet");
   // Accumulated gradients are not part of a checkpoint: a save between synchronisations would
   // resume differently, silently. (The condition is the same on every rank.)
   TANDEM_CHECK(sync_gradients_, "save_state: called in the middle of gradient accumulation (batch ",
@@ -366,6 +368,8 @@ std::string Accelerator::save_state(const std::string& root) {
 // ranks agree on the outcome before anything changes: a damaged or foreign file stops every rank
 // with the model, the optimizers and the loop exactly as they were, never half-loaded.
 void Accelerator::load_state(const std::string& path) {
+  TANDEM_CHECK(plan_.tp == 1, "load_state: checkpoints of tensor-parallel models (tp_size ", plan_.tp,
+               ") are not built yet");
   std::string dir = path;
   struct Staged {
     nlohmann::json state;

@@ -29,14 +29,16 @@ ParallelismPlan plan_parallelism(const ParallelismConfig& config, Strategy asked
                " must be at least 0 (0: what the other sizes leave under Strategy::Fsdp, else 1)");
   TANDEM_CHECK(config.tp_size() >= 1, "parallelism: tp_size ", config.tp_size(), " must be at least 1");
   TANDEM_CHECK(config.pp_size() >= 1, "parallelism: pp_size ", config.pp_size(), " must be at least 1");
-  TANDEM_CHECK(config.tp_size() == 1, "parallelism: tp_size ", config.tp_size(),
-               ": tensor parallelism is not built yet; use tp_size 1");
   TANDEM_CHECK(config.pp_size() == 1, "parallelism: pp_size ", config.pp_size(),
                ": pipeline parallelism is not built yet; use pp_size 1");
   ParallelismPlan plan;
   plan.strategy = asked;
   plan.tp = config.tp_size();
   plan.pp = config.pp_size();
+  TANDEM_CHECK(plan.tp == 1 || asked == Strategy::Auto || asked == Strategy::Ddp || asked == Strategy::Fsdp,
+               "parallelism: tp_size ", plan.tp, " with Strategy::", to_string(asked),
+               ": tensor parallelism runs one process per piece of each layer; use Strategy::Ddp or Fsdp (or Auto) "
+               "for the other dimensions");
   const bool shards = config.shard_size() > 1 || (config.shard_size() == 0 && asked == Strategy::Fsdp);
   if (asked == Strategy::Auto && config.shard_size() > 1) plan.strategy = Strategy::Fsdp;
   TANDEM_CHECK(!shards || plan.strategy == Strategy::Fsdp, "parallelism: shard_size ", config.shard_size(),

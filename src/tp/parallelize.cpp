@@ -45,6 +45,16 @@ void sync_from_first(torch::nn::Module& module, comm::ProcessGroup& group) {
   if (!tensors.empty()) group.broadcast_coalesced(tensors, 0);
 }
 
+// The Hookable a matched module is, or wraps (an fsdp::Unit or nn::Checkpoint of one).
+nn::HookableImpl* hookable_in(torch::nn::Module* module) {
+  while (module) {
+    if (auto* hookable = dynamic_cast<nn::HookableImpl*>(module)) return hookable;
+    auto* wrapper = dynamic_cast<nn::Wrapper*>(module);
+    module = wrapper ? wrapper->module().get() : nullptr;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 std::string style_name(const Style& style) {
@@ -74,10 +84,10 @@ Layout parallelize(torch::nn::Module& module, Group group, const Plan& plan) {
       auto [it, fresh] = matched_by.emplace(name, pattern);
       TANDEM_CHECK(fresh, "tp: '", name, "' is matched by both '", it->second, "' and '", pattern,
                    "' in the plan: give each module one style");
-      auto* hookable = dynamic_cast<nn::HookableImpl*>(item.value().get());
+      auto* hookable = hookable_in(item.value().get());
       TANDEM_CHECK(hookable, "tp: '", name, "' (", detail::type_of(*item.value()),
-                   ") is not a tandem::nn::Hookable: declare it as tandem::nn::Hookable(...) so that the plan can "
-                   "run its collectives around its forward");
+                   ") is not a tandem::nn::Hookable: declare it as tandem::nn::Hookable(...) (inside a Unit or "
+                   "Checkpoint if it has one) so that the plan can run its collectives around its forward");
       TANDEM_CHECK(!hookable->has_hooks(), "tp: '", name, "' has forward hooks already (parallelized twice?)");
       targets.emplace_back(name, &style);
     }
@@ -95,7 +105,7 @@ Layout parallelize(torch::nn::Module& module, Group group, const Plan& plan) {
     if (!checking) sync_from_first(module, *group);
     std::set<c10::TensorImpl*> cut;
     for (const auto& [name, style] : targets) {
-      auto& hookable = *dynamic_cast<nn::HookableImpl*>(modules[name].get());
+      auto& hookable = *hookable_in(modules[name].get());
       for (const auto& [param, placement] : detail::apply_style(*style, hookable, name, conversions, checking, cut)) {
         layout.placements[name + "." + param] = placement;
       }

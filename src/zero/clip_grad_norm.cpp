@@ -61,11 +61,19 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vect
 
 double clip_sharded_grad_norm(const std::vector<at::Tensor>& grads, comm::ProcessGroup& pg, double max_norm,
                               double norm_type) {
+  return clip_grad_norm_of_pieces(grads, std::vector<bool>(grads.size(), true), pg, max_norm, norm_type);
+}
+
+double clip_grad_norm_of_pieces(const std::vector<at::Tensor>& grads, const std::vector<bool>& counted,
+                                comm::ProcessGroup& pg, double max_norm, double norm_type) {
+  TANDEM_CHECK(counted.size() == grads.size(), "clip_grad_norm: ", counted.size(), " flags for ", grads.size(),
+               " gradients");
   at::NoGradGuard no_grad;
   const bool inf = std::isinf(norm_type);
   double local = 0;
-  for (const auto& g : grads) {
-    if (!g.defined() || g.numel() == 0) continue;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& g = grads[i];
+    if (!counted[i] || !g.defined() || g.numel() == 0) continue;
     if (inf) {
       const double m = g.abs().max().item<double>();
       local = std::isnan(m) || std::isnan(local) ? std::nan("") : std::max(local, m);

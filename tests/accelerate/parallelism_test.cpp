@@ -41,6 +41,14 @@ TEST(ParallelismPlan, ShardsWithReplicasAreHsdp) {
   EXPECT_EQ(plan_parallelism({}, Strategy::Single, 1).describe(), "1");
 }
 
+TEST(ParallelismPlan, TensorParallelismTakesItsShareFirst) {
+  EXPECT_EQ(sizes(plan_parallelism(ParallelismConfig().tp_size(2), Strategy::Ddp, 4)), "2,1,2,1");
+  EXPECT_EQ(sizes(plan_parallelism(ParallelismConfig().tp_size(2), Strategy::Fsdp, 8)), "1,4,2,1");
+  EXPECT_EQ(sizes(plan_parallelism(ParallelismConfig().tp_size(2).shard_size(2), Strategy::Auto, 8)), "2,2,2,1");
+  EXPECT_EQ(plan_parallelism(ParallelismConfig().tp_size(2), Strategy::Fsdp, 4).describe(), "shard 2 x tp 2");
+  EXPECT_EQ(sizes(plan_parallelism(ParallelismConfig().tp_size(4), Strategy::Ddp, 4)), "1,1,4,1");
+}
+
 TEST(ParallelismPlan, ImpossibleLayoutsAreOneLineErrors) {
   EXPECT_ERROR(plan_parallelism(ParallelismConfig().shard_size(3), Strategy::Fsdp, 4),
                "parallelism: replicate_size x shard_size x tp_size x pp_size = 0 x 3 x 1 x 1 does not divide the 4 "
@@ -57,8 +65,12 @@ TEST(ParallelismPlan, ImpossibleLayoutsAreOneLineErrors) {
   EXPECT_ERROR(plan_parallelism(ParallelismConfig().shard_size(2), Strategy::Ddp, 4),
                "parallelism: shard_size 2 shards the parameters, which Strategy::ddp does not: use Strategy::Fsdp "
                "(or Auto), or shard_size 1");
-  EXPECT_ERROR(plan_parallelism(ParallelismConfig().tp_size(2), Strategy::Ddp, 4),
-               "parallelism: tp_size 2: tensor parallelism is not built yet; use tp_size 1");
+  EXPECT_ERROR(plan_parallelism(ParallelismConfig().tp_size(3), Strategy::Ddp, 4),
+               "parallelism: replicate_size x shard_size x tp_size x pp_size = 0 x 0 x 3 x 1 does not divide the 4 "
+               "processes launched: the sizes must multiply to the number of processes");
+  EXPECT_ERROR(plan_parallelism(ParallelismConfig().tp_size(2), Strategy::DataParallel, 2),
+               "parallelism: tp_size 2 with Strategy::dp: tensor parallelism runs one process per piece of each "
+               "layer; use Strategy::Ddp or Fsdp (or Auto) for the other dimensions");
   EXPECT_ERROR(plan_parallelism(ParallelismConfig().pp_size(2), Strategy::Ddp, 4),
                "parallelism: pp_size 2: pipeline parallelism is not built yet; use pp_size 1");
   EXPECT_ERROR(plan_parallelism(ParallelismConfig().tp_size(0), Strategy::Ddp, 4),

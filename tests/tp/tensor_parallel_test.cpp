@@ -15,7 +15,10 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <torch/nn/utils/clip_grad.h>
+
 #include "support/distributed_main.h"
+#include "tandem/accelerate/accelerator.h"
 #include "support/errors.h"
 #include "tandem/comm/device_mesh.h"
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
@@ -433,6 +436,64 @@ TEST(TensorParallel, WithFsdpOnATwoByTwoMeshEqualsOneProcess) {
   check_tp_fsdp_against_single_process<torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2));
 }
 
+// The Accelerator with tp_size 2 (and DDP or FSDP over what is left): each data-parallel rank
+// trains on its share of every global batch; one process trains on the whole of it. Gradient
+// clipping is active (max_norm below the norms), so the norm each step returns checks every
+// gradient piece counted once (Note [Clipping tensor-parallel gradients]).
+void check_accelerator_against_single_process(tandem::Strategy strategy) {
+  tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions()
+                                           .strategy(strategy)
+                                           .parallelism(tandem::ParallelismConfig().tp_size(2))
+                                           .progress(false));
+  const int dp = acc.data_parallel_size();
+  ASSERT_EQ(dp, W() / 2);
+  Gpt reference = make_gpt();
+  auto model = acc.prepare_model(make_gpt(), megatron_plan());
+  torch::optim::AdamW ref_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  acc.prepare_optimizer(opt);
+  const int64_t per_rank = 2, steps = 3;
+  auto [x_all, y_all] = batch(per_rank * dp * steps, 400);
+  auto loader = acc.prepare_data(x_all, y_all, per_rank, /*shuffle=*/false);
+  int step = 0;
+  for (auto& b : loader) {
+    // Rank r's batch i is samples r + dp * (2i, 2i + 1): the global batch i is a block of 2 dp.
+    at::Tensor ref_loss = whole_loss(reference, x_all.narrow(0, step * per_rank * dp, per_rank * dp),
+                                     y_all.narrow(0, step * per_rank * dp, per_rank * dp));
+    ref_loss.backward();
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.05);
+    ref_opt.step();
+    ref_opt.zero_grad();
+    auto sync = acc.accumulate(model);
+    acc.backward(tp::cross_entropy(model->forward(b.data), b.target, acc.tensor_parallel_group()));
+    const double norm = acc.clip_grad_norm(model->parameters(), 0.05);
+    EXPECT_NEAR(norm, ref_norm, 1e-4 * ref_norm) << "step " << step;
+    EXPECT_GT(ref_norm, 0.05) << "the clip must bite";
+    acc.step(opt);
+    acc.zero_grad(opt);
+    ++step;
+  }
+  EXPECT_EQ(step, steps);
+  at::NoGradGuard no_grad;
+  auto [x, y] = batch(4, 450);
+  EXPECT_TRUE(at::allclose(tp::cross_entropy(model->forward(x), y, acc.tensor_parallel_group()),
+                           whole_loss(reference, x, y), 1e-4, 1e-6));
+  EXPECT_ERROR(acc.prepare_model(make_gpt()), "prepare_model: tp_size 2 cuts the model's layers by a plan: call "
+                                             "prepare_model(model, plan) (tandem/tp/parallelize.h)");
+  EXPECT_ERROR(acc.save_state("/tmp/unused"), "save_state: checkpoints of tensor-parallel models (tp_size 2) are "
+                                              "not built yet");
+}
+
+TEST(AcceleratorTensorParallel, DdpOverTheRestEqualsOneProcess) {
+  if (W() % 2 != 0) GTEST_SKIP() << "tp_size 2 takes an even number of processes";
+  check_accelerator_against_single_process(tandem::Strategy::Ddp);
+}
+
+TEST(AcceleratorTensorParallel, FsdpOverTheRestEqualsOneProcess) {
+  if (W() % 2 != 0) GTEST_SKIP() << "tp_size 2 takes an even number of processes";
+  check_accelerator_against_single_process(tandem::Strategy::Fsdp);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad plans: one line each, on every rank, no hang.
 
@@ -448,7 +509,8 @@ TEST(TensorParallelErrors, AModuleThatIsNotHookable) {
   Gpt model = make_gpt();
   EXPECT_ERROR(tp::parallelize(*model, shared_pg(), {{"blocks", tp::ColwiseParallel()}}),
                "tp: 'blocks' (torch::nn::Sequential) is not a tandem::nn::Hookable: declare it as "
-               "tandem::nn::Hookable(...) so that the plan can run its collectives around its forward");
+               "tandem::nn::Hookable(...) (inside a Unit or Checkpoint if it has one) so that the plan can run its "
+               "collectives around its forward");
 }
 
 TEST(TensorParallelErrors, AModuleMatchedTwiceOrStyledWrong) {

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -40,6 +41,7 @@
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/world.h"
 #include "tandem/fsdp/engine.h"
+#include "tandem/tp/style.h"
 #include "tandem/zero/distributed_optimizer.h"
 
 namespace torch::optim {
@@ -107,15 +109,33 @@ class Accelerator {
   const std::shared_ptr<comm::ProcessGroup>& process_group() const { return pg_; }
   /// The layout the processes train in (AcceleratorOptions::parallelism, resolved).
   const ParallelismPlan& parallelism() const { return plan_; }
-  /// The mesh ("replicate", "shard") under HSDP; null otherwise (every group is the process group).
+  /// The mesh ("replicate", "shard", "tp") under tensor parallelism, ("replicate", "shard") under
+  /// HSDP; null otherwise (every group is the process group).
   const comm::DeviceMesh* device_mesh() const { return mesh_ ? &*mesh_ : nullptr; }
+  /// The tensor-parallel group (tp_size > 1; null otherwise): tp::cross_entropy's group.
+  std::shared_ptr<comm::ProcessGroup> tensor_parallel_group() const {
+    return plan_.tp > 1 ? mesh_->group("tp") : nullptr;
+  }
+  /// The processes that see different data, and this one's index among them: the data is sharded
+  /// over them (a tensor-parallel group shares its batches).
+  int data_parallel_size() const { return world_.world_size / plan_.tp; }
+  int data_parallel_rank() const { return world_.rank / plan_.tp; }
   const AcceleratorOptions& options() const { return options_; }
 
   // ---- prepare -----------------------------------------------------------------------------
   /// Moves the module to device() and wraps it for the strategy; the returned holder keeps
   /// the user's type (`model->module()`).
   template <typename ModuleHolder>
-  PreparedModel<ModuleHolder> prepare_model(ModuleHolder module);
+  PreparedModel<ModuleHolder> prepare_model(ModuleHolder module) {
+    return prepare(std::move(module), nullptr);
+  }
+  /// The same with a tensor-parallel plan: under tp_size > 1 the model's layers are cut over the
+  /// tensor-parallel group first (tp::parallelize; docs/guide-tp.md); under tp_size 1 the plan is
+  /// not used, so one program runs at any tp_size.
+  template <typename ModuleHolder>
+  PreparedModel<ModuleHolder> prepare_model(ModuleHolder module, const tp::Plan& plan) {
+    return prepare(std::move(module), &plan);
+  }
   /// Registers an optimizer for clip_grad_norm's unscaling and for save_state/load_state; with
   /// zero_stage(1) over several processes, shards it (each process then keeps state for, and
   /// steps, its share of the parameters: step() and zero_grad() go through the Accelerator);
@@ -253,6 +273,7 @@ class Accelerator {
     std::function<void(const NamedTensors&)> load;     // sets the model from per-slot tensors like held()'s
     ddp::Reducer* reducer = nullptr;  // its DDP's, under Strategy::Ddp
     std::shared_ptr<fsdp::detail::Engine> fsdp;  // its FSDP's, under Strategy::Fsdp
+    std::set<const c10::TensorImpl*> tp_pieces;  // its parameters tensor parallelism cut
     std::shared_ptr<torch::nn::Module> owner;  // keeps those alive as long as the Accelerator
   };
   struct LoaderEntry {
@@ -262,12 +283,20 @@ class Accelerator {
   };
 
   void initialize();
+  template <typename ModuleHolder>
+  PreparedModel<ModuleHolder> prepare(ModuleHolder module, const tp::Plan* plan);
+  /// Cuts `module` by `plan` over the tensor-parallel group (tp_size > 1); returns the parameters
+  /// cut. One line when tp_size > 1 comes without a plan.
+  std::set<const c10::TensorImpl*> parallelize(torch::nn::Module& module, const tp::Plan* plan);
+  /// Note [Clipping tensor-parallel gradients] (accelerator.cpp).
+  double clip_tensor_parallel(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type);
+  at::Tensor gather_over(comm::ProcessGroup* group, const at::Tensor& tensor);
   fsdp::FullyShardOptions fsdp_options(torch::nn::Module& model) const;
   /// activation_checkpointing under Single and Ddp (FSDP's own option does it under Fsdp).
   void checkpoint_activations(torch::nn::Module& model) const;
-  /// The groups the strategies reduce over: DDP's and ZeRO's (every process: shard, tp and pp
-  /// are 1 under them), FSDP's shards (the mesh's "shard" under HSDP).
-  std::shared_ptr<comm::ProcessGroup> data_parallel_group() const { return pg_; }
+  /// The groups the strategies reduce over: DDP's and ZeRO's (every process but for tensor
+  /// parallelism's: the mesh's "replicate" x "shard"), FSDP's shards (the mesh's "shard").
+  std::shared_ptr<comm::ProcessGroup> data_parallel_group() const { return dp_group_ ? dp_group_ : pg_; }
   std::shared_ptr<comm::ProcessGroup> shard_group() const { return mesh_ ? mesh_->group("shard") : pg_; }
   /// Whether this process writes its rows of sharded state: under HSDP only the first replica's
   /// processes do (the others hold the same rows).
@@ -301,6 +330,7 @@ class Accelerator {
   ParallelismPlan plan_{Strategy::Single};  // its strategy is the one chosen (never Auto after construction)
   std::shared_ptr<comm::ProcessGroup> pg_;
   std::optional<comm::DeviceMesh> mesh_;
+  std::shared_ptr<comm::ProcessGroup> dp_group_;  // "replicate" x "shard" flattened, under tensor parallelism
   std::unique_ptr<amp::GradScaler> scaler_;
   // Note [One optimizer interface]: whole, ZeRO-1, ZeRO-2 or FSDP, in the order prepared.
   std::vector<std::unique_ptr<zero::DistributedOptimizer>> optimizers_;
@@ -321,15 +351,16 @@ class Accelerator {
 // ---- templates -------------------------------------------------------------------------------
 
 template <typename ModuleHolder>
-PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
+PreparedModel<ModuleHolder> Accelerator::prepare(ModuleHolder module, const tp::Plan* plan) {
   using Impl = PreparedModelImpl<ModuleHolder>;
   module->to(device_);
+  std::set<const c10::TensorImpl*> tp_pieces = parallelize(*module, plan);
   if (options_.activation_checkpointing() && plan_.strategy != Strategy::Fsdp) checkpoint_activations(*module);
   std::optional<typename Impl::Ddp> ddp;
   std::optional<typename Impl::Dp> dp;
   std::optional<typename Impl::Fsdp> fully_sharded;
   if (plan_.strategy == Strategy::Ddp) {
-    ddp.emplace(module, pg_, options_.ddp());
+    ddp.emplace(module, data_parallel_group(), options_.ddp());
   } else if (plan_.strategy == Strategy::DataParallel) {
     dp.emplace(module, options_.dp());
   } else if (plan_.strategy == Strategy::Fsdp) {
@@ -357,6 +388,7 @@ PreparedModel<ModuleHolder> Accelerator::prepare_model(ModuleHolder module) {
   entry.load = [engine, module](const NamedTensors& held) { load_model(engine.get(), *module.ptr(), held); };
   entry.reducer = reducer;
   entry.fsdp = engine;
+  entry.tp_pieces = std::move(tp_pieces);
   entry.owner = prepared.ptr();
   models_.push_back(std::move(entry));
   return prepared;
@@ -371,7 +403,7 @@ void Accelerator::register_loader(accelerate::PreparedLoader<Dataset>& loader) {
 
 template <typename Dataset>
 accelerate::PreparedLoader<Dataset> Accelerator::prepare_data(Dataset dataset, int64_t batch_size, bool shuffle) {
-  accelerate::PreparedLoader<Dataset> loader(std::move(dataset), batch_size, world_.world_size, world_.rank,
+  accelerate::PreparedLoader<Dataset> loader(std::move(dataset), batch_size, data_parallel_size(), data_parallel_rank(),
                                              sampler_options(shuffle),
                                              [this](const accelerate::LoaderProgress& p) { on_batch(p); });
   register_loader(loader);

@@ -24,7 +24,8 @@ struct ParallelismConfig {
   /// with replicate_size > 1 too, HSDP). 0: what the other sizes leave under Strategy::Fsdp, 1
   /// otherwise.
   TORCH_ARG(int, shard_size) = 0;
-  /// Tensor parallelism's group size: 1 (tensor parallelism is not built yet).
+  /// Tensor parallelism's group size: the model's layers are cut over this many neighbouring
+  /// processes by the plan given to Accelerator::prepare_model (tandem/tp/parallelize.h).
   TORCH_ARG(int, tp_size) = 1;
   /// Pipeline stages: 1 (pipeline parallelism is not built yet).
   TORCH_ARG(int, pp_size) = 1;
@@ -42,8 +43,8 @@ struct ParallelismPlan {
 
 /// Note [Parallelism plan]: fills the sizes left at 0 and picks the strategy `asked` leaves open
 /// (Auto with shard > 1 is Fsdp); throws a one-line tandem::Error for a size below its minimum,
-/// sizes that do not multiply to `processes`, tensor or pipeline parallelism, or a strategy that
-/// cannot hold the layout (shards without Fsdp).
+/// sizes that do not multiply to `processes`, pipeline parallelism, or a strategy that cannot hold
+/// the layout (shards without Fsdp, tensor parallelism under Single or DataParallel).
 ParallelismPlan plan_parallelism(const ParallelismConfig& config, Strategy asked, int processes);
 
 }  // namespace tandem

@@ -1,8 +1,8 @@
 #pragma once
 // tandem::tp::parallelize: tensor parallelism for a LibTorch module by a plan of module names and
 // styles (PyTorch's parallelize_module, docs/guide-tp.md). The modules the plan names must be
-// tandem::nn::Hookable members (LibTorch has no forward hooks): the styles put their collectives
-// there and cut the modules' parameters in place.
+// tandem::nn::Hookable members, or a tandem::fsdp::Unit or nn::Checkpoint of one (LibTorch has no
+// forward hooks): the styles put their collectives there and cut the parameters in place.
 //
 //   struct Mlp : torch::nn::Module {
 //     tandem::nn::Hookable up{register_module("up", tandem::nn::Hookable(torch::nn::Linear(64, 256)))};

@@ -27,5 +27,10 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vect
 /// same on every rank. Collective.
 double clip_sharded_grad_norm(const std::vector<at::Tensor>& grads, comm::ProcessGroup& pg, double max_norm,
                               double norm_type = 2.0);
+/// The same when some pieces have copies on other ranks (tensor parallelism's whole parameters, DDP's
+/// replicas): only the pieces with `counted` true enter the norm (one copy of each piece over the
+/// group), and every piece is scaled.
+double clip_grad_norm_of_pieces(const std::vector<at::Tensor>& grads, const std::vector<bool>& counted,
+                                comm::ProcessGroup& pg, double max_norm, double norm_type = 2.0);
 
 }  // namespace tandem::zero
