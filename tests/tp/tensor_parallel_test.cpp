@@ -133,6 +133,20 @@ TEST(TpLossParallel, EqualsTheWholeCrossEntropyWithIgnoredTargets) {
   }
 }
 
+TEST(TpLossParallel, Bfloat16LogitsAreComputedInFloat) {
+  const int64_t classes = 4 * W();
+  torch::manual_seed(4);
+  at::Tensor whole = (at::randn({6, classes}) * 2).to(at::kBFloat16);
+  at::Tensor target = at::randint(0, classes, {6});
+  at::Tensor ref = at::cross_entropy_loss(whole.to(at::kFloat), target);
+  at::Tensor mine = whole.chunk(W(), -1)[R()].clone().requires_grad_();
+  at::Tensor loss = tp::cross_entropy(mine, target, shared_pg());
+  EXPECT_EQ(loss.scalar_type(), at::kBFloat16);
+  EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-2 * std::abs(ref.item<double>()));
+  loss.backward();
+  EXPECT_EQ(mine.grad().scalar_type(), at::kBFloat16);
+}
+
 TEST(TpLossParallel, NoValidTargetIsNaNAndABadTargetAnError) {
   at::Tensor mine = at::randn({3, 4});
   at::Tensor none = at::full({3}, -100, at::kLong);
@@ -360,6 +374,28 @@ TEST(TensorParallel, ThePlanCutsParametersAsPyTorchPlacesThem) {
   EXPECT_EQ(params["blocks.0.mlp.fc2.weight"].sizes(), (std::vector<int64_t>{kDim, 4 * kDim / W()}));
   EXPECT_EQ(params["tok.weight"].sizes(), (std::vector<int64_t>{kVocab / W(), kDim}));
   EXPECT_EQ(params["blocks.0.mlp.fc2.bias"].sizes(), (std::vector<int64_t>{kDim}));
+}
+
+// A row-wise embedding (vocabulary cut) whose output leaves cut along the sequence: joined, the
+// lookup of the whole table; the gradient of the rows this rank holds, the whole table's.
+TEST(TensorParallel, RowwiseEmbeddingWithASequenceShardedOutput) {
+  torch::manual_seed(6);
+  auto net = torch::nn::Sequential(Hookable(torch::nn::Embedding(4 * W(), 3)));
+  torch::manual_seed(6);
+  auto whole = torch::nn::Embedding(4 * W(), 3);
+  const auto layout =
+      tp::parallelize(*net, shared_pg(), {{"0", tp::RowwiseParallel().output_layout(Placement::shard(1))}});
+  at::Tensor tokens = at::arange(2 * 2 * W()).remainder(4 * W()).view({2, 2 * W()});
+  at::Tensor out = net->forward(tokens);
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 2, 3}));
+  at::Tensor ref = whole->forward(tokens);
+  EXPECT_TRUE(at::allclose(tp::detail::gather_along(out.detach(), 1, pg()), ref.detach()));
+  at::Tensor g = at::arange(ref.numel(), at::kFloat).view(ref.sizes());
+  ref.backward(g);
+  out.backward(g.chunk(W(), 1)[R()].contiguous());
+  auto params = net->named_parameters();
+  EXPECT_EQ(layout.placement("0.weight"), Placement::shard(0));
+  EXPECT_TRUE(at::allclose(tp::detail::gather_along(params["0.weight"].grad(), 0, pg()), whole->weight.grad()));
 }
 
 // Note [Shared conversions]: three column-wise layers reading one tensor all-reduce their input's
