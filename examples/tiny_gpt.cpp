@@ -202,6 +202,7 @@ int train(int argc, char** argv) {
   tandem::Accelerator acc(options);
   auto model = acc.prepare_model(Gpt(context, dim, layers, heads, dropout), tensor_parallel_plan());
   const auto tp_group = acc.tensor_parallel_group();
+  if (tp_group) acc.print("tiny_gpt: --tp %d: no checkpoint is saved (tensor-parallel checkpoints are not built yet)\n", tp_size);
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   acc.prepare_optimizer(optimizer);
   auto [train_x, train_y] = sentences(samples, context, 1);

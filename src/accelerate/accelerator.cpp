@@ -372,11 +372,16 @@ double Accelerator::clip_tensor_parallel(const std::vector<at::Tensor>& paramete
   std::vector<bool> counted;
   for (const auto& p : parameters) {
     at::Tensor grad;
-    bool cut = false;
+    bool cut = false, sharded = false;
     for (const auto& m : models_) {
-      if (m.fsdp && m.fsdp->spec_of(p)) grad = m.fsdp->shard_of(p).grad();
+      if (m.fsdp && m.fsdp->spec_of(p)) {
+        grad = m.fsdp->shard_of(p).grad();
+        sharded = true;
+      }
       cut = cut || m.tp_pieces.count(p.unsafeGetTensorImpl()) > 0;
     }
+    TANDEM_CHECK(sharded || plan_.strategy != Strategy::Fsdp, "clip_grad_norm: a tensor of shape ", p.sizes(),
+                 " is no parameter of a prepared model: under FSDP its gradient lives on a shard");
     if (plan_.strategy != Strategy::Fsdp) grad = p.grad();
     grads.push_back(grad);
     counted.push_back(first_copy && (cut || first_tp));
@@ -452,7 +457,8 @@ MainProcessFirst::~MainProcessFirst() noexcept(false) {
 }
 
 std::pair<int64_t, int64_t> Accelerator::share_of(int64_t n) const {
-  const int64_t W = world_.world_size, r = world_.rank;
+  // A tensor-parallel group shares its items, as its batches.
+  const int64_t W = data_parallel_size(), r = data_parallel_rank();
   const int64_t base = n / W, extra = n % W;
   const int64_t begin = r * base + std::min(r, extra);
   return {begin, begin + base + (r < extra ? 1 : 0)};

@@ -545,7 +545,7 @@ void Accelerator::load_state(const std::string& path) {
     }
   } else {
     // Note [Resuming at another world size].
-    torch::manual_seed(reseed(options_.seed(), world_.rank, staged.completed_steps));
+    torch::manual_seed(reseed(options_.seed(), data_parallel_rank(), staged.completed_steps));
   }
   if (staged.scaler) scaler_->load_state_dict(*staged.scaler);
   for (size_t l = 0; l < loaders_.size(); ++l) loaders_[l].resume(staged.positions[l].first, staged.positions[l].second);

@@ -483,6 +483,11 @@ void check_accelerator_against_single_process(tandem::Strategy strategy) {
                                            .progress(false));
   const int dp = acc.data_parallel_size();
   ASSERT_EQ(dp, W() / 2);
+  ASSERT_EQ(acc.data_parallel_rank(), R() / 2);
+  // A tensor-parallel pair shares its items: 2 x dp of them, 2 to each data-parallel rank.
+  std::vector<int> items(2 * dp);
+  for (int i = 0; i < 2 * dp; ++i) items[i] = i;
+  EXPECT_EQ(acc.split_between_processes(items), (std::vector<int>{2 * (R() / 2), 2 * (R() / 2) + 1}));
   Gpt reference = make_gpt();
   auto model = acc.prepare_model(make_gpt(), megatron_plan());
   torch::optim::AdamW ref_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));

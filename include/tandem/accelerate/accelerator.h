@@ -220,7 +220,7 @@ class Accelerator {
   /// the others (e.g. to unpack a dataset once).
   [[nodiscard]] MainProcessFirst main_process_first() { return MainProcessFirst(*this); }
   /// This process's contiguous share of `items` (the first processes get one more when they do
-  /// not divide evenly).
+  /// not divide evenly); under tensor parallelism, its data-parallel rank's share (a group shares).
   template <typename T>
   std::vector<T> split_between_processes(const std::vector<T>& items) const {
     const auto [begin, end] = share_of(static_cast<int64_t>(items.size()));
