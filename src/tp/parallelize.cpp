@@ -73,7 +73,12 @@ Layout parallelize(torch::nn::Module& module, Group group, const Plan& plan) {
   TANDEM_CHECK(!plan.empty(), "tp: an empty plan");
   const auto modules = module.named_modules("", /*include_self=*/false);
   // Each plan entry's modules, checked before anything is cut.
-  std::vector<std::pair<std::string, const Style*>> targets;
+  struct Target {
+    std::string name;
+    const Style* style;
+    nn::HookableImpl* hookable;
+  };
+  std::vector<Target> targets;
   std::map<std::string, std::string> matched_by;
   for (const auto& [pattern, style] : plan) {
     size_t found = 0;
@@ -89,7 +94,7 @@ Layout parallelize(torch::nn::Module& module, Group group, const Plan& plan) {
                    ") is not a tandem::nn::Hookable: declare it as tandem::nn::Hookable(...) (inside a Unit or "
                    "Checkpoint if it has one) so that the plan can run its collectives around its forward");
       TANDEM_CHECK(!hookable->has_hooks(), "tp: '", name, "' has forward hooks already (parallelized twice?)");
-      targets.emplace_back(name, &style);
+      targets.push_back({name, &style, hookable});
     }
     if (found == 0) {
       std::string examples;
@@ -104,11 +109,10 @@ Layout parallelize(torch::nn::Module& module, Group group, const Plan& plan) {
   for (const bool checking : {true, false}) {  // Note [Checked before cut] in styles.cpp
     if (!checking) sync_from_first(module, *group);
     std::set<c10::TensorImpl*> cut;
-    for (const auto& [name, style] : targets) {
-      auto& hookable = *hookable_in(modules[name].get());
-      for (const auto& [param, placement] : detail::apply_style(*style, hookable, name, conversions, checking, cut)) {
-        layout.placements[name + "." + param] = placement;
-      }
+    for (const auto& t : targets) {
+      const auto placements = detail::apply_style(*t.style, *t.hookable, t.name, conversions, checking, cut);
+      if (checking) continue;
+      for (const auto& [param, placement] : placements) layout.placements[t.name + "." + param] = placement;
     }
   }
   return layout;
