@@ -9,7 +9,20 @@
 // backends' rendezvous, not the failure reports (Note [Naming the missing rank]), not the
 // reducer's agreement on a failed backward. Under MPI the communicator is MPI_Comm_split of the
 // parent's, which every rank of the parent calls, members or not.
+//
+// Note [Connected before returned]
+// Gloo's full-mesh connect is not a barrier. The side of a pair that initiates the connection is
+// done once it has written its sequence number; the other side is done only when its listener has
+// handed it the socket, which can be much later. A group made and dropped at once (a DeviceMesh
+// built to read its shape, a group made for one collective that only some members reach) could
+// then be destroyed by a fast member while a slower one was still connecting to it: the slower one
+// read EOF on a pair it had just been given, and its creation failed with "Connection closed by
+// peer" (seen once in CI, comm.subgroups.gloo3 under ASan). So no member returns from creating a
+// Gloo subgroup until every member has: each counts itself in on the group's own store and waits
+// for the count, as PyTorch's new_group did with its store-based barrier. MPI's split and NCCL's
+// init are collective already.
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -88,8 +101,53 @@ std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& mem
       "tandem/group/" + std::to_string(index) + "/" + std::to_string(color), store_);
   group->debug_level_ = debug_level_;
   group->cpu_kind_ = cpu_kind_;
-  group->make_backends(cpu_kind_ == CpuBackend::Mpi ? cpu_ : nullptr, color);
+  if (cpu_kind_ == CpuBackend::Mpi) {
+    group->make_backends(cpu_, color);
+    return group;
+  }
+  try {
+    group->make_backends(nullptr, color);
+  } catch (...) {
+    group->count_in_connected(false);
+    throw;
+  }
+  group->count_in_connected(true);
   return group;
+}
+
+// Note [Connected before returned]. A member whose creation failed wakes the others at once, so
+// they fail naming it rather than waiting for the timeout.
+void ProcessGroup::count_in_connected(bool connected) {
+  if (size_ < 2) return;
+  const std::string count = "tandem/connected/count", all = "tandem/connected/all",
+                    failed = "tandem/connected/failed";
+  if (!connected) {
+    try {
+      const std::string me = std::to_string(rank_);
+      store_->set(failed, std::vector<uint8_t>(me.begin(), me.end()));
+      store_->set(all, std::vector<uint8_t>{1});
+    } catch (...) {  // the store is gone too: the others time out, naming none
+    }
+    return;
+  }
+  if (store_->add(count, 1) == size_) store_->set(all, std::vector<uint8_t>{1});
+  const std::string where = "creating the process group '" + name_ + "' on " + describe_rank(rank_) + " failed: ";
+  try {
+    store_->wait({all}, options_.timeout());
+  } catch (const std::exception&) {
+    std::string arrived = "not all";
+    try {
+      arrived = "only " + std::to_string(store_->add(count, 0));
+    } catch (...) {
+    }
+    throw Error(where + arrived + " of its " + std::to_string(size_) + " members finished connecting within " +
+                std::to_string(options_.timeout().count()) + " ms (Note [Connected before returned])");
+  }
+  if (store_->check({failed})) {
+    const auto bytes = store_->get(failed);
+    const int other = std::atoi(std::string(bytes.begin(), bytes.end()).c_str());
+    throw Error(where + describe_rank(other) + " could not connect (its own error says why)");
+  }
 }
 
 }  // namespace tandem::comm

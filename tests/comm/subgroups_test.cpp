@@ -142,6 +142,19 @@ TEST(Subgroups, BadRankListsAreOneLineErrors) {
                                              std::to_string(W() - 1));
 }
 
+TEST(Subgroups, AGroupDroppedAtOnceNeverFailsASlowerMember) {
+  // Note [Connected before returned]: a member that finished connecting first and dropped the
+  // group at once used to close sockets a slower member was still being handed, whose creation
+  // then failed with "Connection closed by peer" (once in CI). Many groups in a row, each dropped
+  // as soon as it is made: a race, so this loop makes it likely rather than certain.
+  for (int i = 0; i < 40; ++i) {
+    auto group = pg().split(0, "dropped");
+    ASSERT_TRUE(group);
+    EXPECT_EQ(group->size(), W());
+  }
+  EXPECT_EQ(all_reduced_rank_sum(*pg().split(0, "after")), int64_t{W()} * (W() - 1) / 2);
+}
+
 TEST(DeviceMesh, RowMajorGroupsAlongEachDimension) {
   for (const std::vector<int64_t>& shape : {std::vector<int64_t>{1, W()}, std::vector<int64_t>{W(), 1},
                                             W() % 2 == 0 ? std::vector<int64_t>{2, W() / 2} : std::vector<int64_t>{W(), 1}}) {

@@ -196,6 +196,9 @@ class ProcessGroup {
   /// parent's MPI backend a subgroup's communicator is split from (every rank of the parent calls,
   /// members or not); null for create()'s group.
   void make_backends(const c10::intrusive_ptr<c10d::Backend>& mpi_parent, int mpi_color);
+  // Note [Connected before returned] in process_group_split.cpp.
+  // `connected`: counts this member in and waits for all; else tells them it failed.
+  void count_in_connected(bool connected);
   /// split()'s and new_group()'s common part, once every rank knows `members` of its `color`.
   std::shared_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, const std::string& name);
   /// A p2p operation's checks and description ("send of 4 Float to rank 1 (global 3) of group 'pp',
