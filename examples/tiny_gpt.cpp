@@ -20,8 +20,9 @@
 // The text is a synthetic language, the same on every process: each of 64 tokens is followed by
 // one of two successors, with equal odds. A model that learned it predicts the next token with a
 // loss of ln 2 = 0.69 nats; guessing among 64 tokens costs ln 64 = 4.16. The program prints the
-// held-out loss beside both. A checkpoint resumes under any number of processes (its weights and
-// Adam's state are saved whole, by name): the rest of its epoch is shared among them.
+// held-out loss beside both. A checkpoint resumes under any number of processes and any --tp (its
+// weights and Adam's state are saved by name, as pieces of the whole tensors): the rest of its
+// epoch is shared among the new data-parallel ranks.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -202,7 +203,6 @@ int train(int argc, char** argv) {
   tandem::Accelerator acc(options);
   auto model = acc.prepare_model(Gpt(context, dim, layers, heads, dropout), tensor_parallel_plan());
   const auto tp_group = acc.tensor_parallel_group();
-  if (tp_group) acc.print("tiny_gpt: --tp %d: no checkpoint is saved (tensor-parallel checkpoints are not built yet)\n", tp_size);
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   acc.prepare_optimizer(optimizer);
   auto [train_x, train_y] = sentences(samples, context, 1);
@@ -241,13 +241,13 @@ int train(int argc, char** argv) {
       tokens += batch.data.numel() * acc.data_parallel_size();
       bar.update(acc.completed_steps(), batch.data.size(0) * acc.data_parallel_size(), loss.item<double>());
       if (checkpointing_steps > 0 && acc.sync_gradients() && acc.completed_steps() % checkpointing_steps == 0) {
-        if (!tp_group) acc.save_state(checkpoints);
+        acc.save_state(checkpoints);
       }
       // Preempted (Slurm), asked to make room (an elastic job's next round) or Ctrl-C: save the
       // step every process agrees on, and stop as the signal would have (Note [Stopping on a signal]).
       if (acc.sync_gradients() && acc.stop_requested()) {
         bar.finish();
-        const std::string saved = tp_group ? std::string("none") : acc.save_state(checkpoints);
+        const std::string saved = acc.save_state(checkpoints);
         acc.print("stopped by signal %d after step %lld: checkpoint %s\n", acc.stop_signal(),
                   static_cast<long long>(acc.completed_steps()), saved.c_str());
         return 128 + acc.stop_signal();
@@ -271,9 +271,7 @@ int train(int argc, char** argv) {
     loss_sum += all.sum().item<double>();
     counted += all.size(0) * context;
   }
-  // Checkpoints of tensor-parallel models are not built yet (issue 34): such a run saves none.
-  const std::string saved = tp_group ? std::string("none (tensor-parallel checkpoints are not built yet)")
-                                     : acc.save_state(checkpoints);
+  const std::string saved = acc.save_state(checkpoints);
   acc.print("held-out loss %.3f nats/token (the language's entropy: %.3f; guessing: %.3f), %.0f training tokens/s "
             "over %.1f s, checkpoint %s\n",
             loss_sum / counted, std::log(2.0), std::log(static_cast<double>(kVocab)), tokens / seconds, seconds,

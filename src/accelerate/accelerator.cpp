@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -160,21 +162,66 @@ void Accelerator::checkpoint_activations(torch::nn::Module& model) const {
   nn::checkpoint_modules(model, *options_.activation_checkpointing());
 }
 
+Accelerator::TensorPiece Accelerator::piece_of(const at::Tensor& param, const std::vector<int64_t>& local_shape,
+                                               const TensorParallelCut& cut,
+                                               std::optional<std::pair<int64_t, int64_t>> rows) {
+  TensorPiece piece;
+  piece.shape = local_shape;
+  piece.offsets.assign(std::max<size_t>(local_shape.size(), 1), 0);
+  piece.sizes = local_shape.empty() ? std::vector<int64_t>{1} : local_shape;
+  auto it = cut.dims.find(param.unsafeGetTensorImpl());
+  if (it != cut.dims.end()) {  // tp::parallelize cuts evenly: rank r holds the r-th of `size` equal parts
+    const auto d = static_cast<size_t>(it->second);
+    piece.shape[d] = local_shape[d] * cut.size;
+    piece.offsets[d] = local_shape[d] * cut.rank;
+    piece.tp_cut = true;
+  }
+  if (rows) {  // FSDP's rows of the (tensor-parallel) piece
+    piece.offsets[0] += rows->first;
+    piece.sizes[0] = rows->second;
+    piece.fsdp_rows = true;
+  }
+  return piece;
+}
+
+const Accelerator::TensorParallelCut& Accelerator::tp_cut_of(const at::Tensor& param) const {
+  static const TensorParallelCut none;
+  for (const auto& m : models_) {
+    if (m.tp.dims.count(param.unsafeGetTensorImpl())) return m.tp;
+  }
+  return none;
+}
+
+bool Accelerator::holds_first_copy(bool tp_cut, bool fsdp_rows) const {
+  const bool first_tp = tp_cut || plan_.tp == 1 || mesh_->local_rank("tp") == 0;
+  return first_tp && (fsdp_rows ? writes_rows() : data_parallel_rank() == 0);
+}
+
+bool Accelerator::writes_piece(const TensorPiece& piece) const {
+  const auto volume = [](const std::vector<int64_t>& sizes) {
+    return std::accumulate(sizes.begin(), sizes.end(), int64_t{1}, std::multiplies<>());
+  };
+  // A tensor of no elements still needs one (empty) piece to be named: the main process's.
+  if (piece.whole() || volume(piece.shape) == 0) return world_.rank == 0;
+  return volume(piece.sizes) > 0 && holds_first_copy(piece.tp_cut, piece.fsdp_rows);
+}
+
 std::vector<Accelerator::ModelSlot> Accelerator::model_layout(const fsdp::detail::Engine* engine,
-                                                              torch::nn::Module& module) {
+                                                              torch::nn::Module& module, const TensorParallelCut& cut) {
   std::vector<ModelSlot> slots;
   for (const auto& item : module.named_parameters(true)) {
     const auto spec = engine ? engine->spec_of(item.value()) : std::nullopt;
     if (spec) {
       // The shard's dtype: the gathered parameter may be lower precision (mixed precision).
-      slots.push_back({item.key(), spec->shape, engine->shard_of(item.value()).scalar_type(), spec->first_row,
-                       spec->owned_rows});
+      slots.push_back({item.key(), engine->shard_of(item.value()).scalar_type(),
+                       piece_of(item.value(), spec->shape, cut, std::make_pair(spec->first_row, spec->owned_rows))});
     } else {
-      slots.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+      slots.push_back({item.key(), item.value().scalar_type(),
+                       piece_of(item.value(), item.value().sizes().vec(), cut, std::nullopt)});
     }
   }
   for (const auto& item : module.named_buffers(true)) {
-    slots.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+    slots.push_back({item.key(), item.value().scalar_type(), piece_of(item.value(), item.value().sizes().vec(), {}, std::nullopt)});
   }
   return slots;
 }
@@ -365,9 +412,6 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
 // tensor-parallel rank only; one all-reduce over every process sums them, and every rank scales
 // what it holds by torch's coefficient.
 double Accelerator::clip_tensor_parallel(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
-  const bool first_copy = plan_.strategy == Strategy::Fsdp ? mesh_->local_rank("replicate") == 0
-                                                           : data_parallel_rank() == 0;
-  const bool first_tp = mesh_->local_rank("tp") == 0;
   std::vector<at::Tensor> grads;
   std::vector<bool> counted;
   for (const auto& p : parameters) {
@@ -378,26 +422,30 @@ double Accelerator::clip_tensor_parallel(const std::vector<at::Tensor>& paramete
         grad = m.fsdp->shard_of(p).grad();
         sharded = true;
       }
-      cut = cut || m.tp_pieces.count(p.unsafeGetTensorImpl()) > 0;
+      cut = cut || m.tp.dims.count(p.unsafeGetTensorImpl()) > 0;
     }
     TANDEM_CHECK(sharded || plan_.strategy != Strategy::Fsdp, "clip_grad_norm: a tensor of shape ", p.sizes(),
                  " is no parameter of a prepared model: under FSDP its gradient lives on a shard");
     if (plan_.strategy != Strategy::Fsdp) grad = p.grad();
     grads.push_back(grad);
-    counted.push_back(first_copy && (cut || first_tp));
+    counted.push_back(holds_first_copy(cut, plan_.strategy == Strategy::Fsdp));
   }
   return zero::clip_grad_norm_of_pieces(grads, counted, *pg_, max_norm, norm_type);
 }
 
-std::set<const c10::TensorImpl*> Accelerator::parallelize(torch::nn::Module& module, const tp::Plan* plan) {
+Accelerator::TensorParallelCut Accelerator::parallelize(torch::nn::Module& module, const tp::Plan* plan) {
   if (plan_.tp == 1) return {};
   TANDEM_CHECK(plan, "prepare_model: tp_size ", plan_.tp, " cuts the model's layers by a plan: call "
                "prepare_model(model, plan) (tandem/tp/parallelize.h)");
   const tp::Layout layout = tp::parallelize(module, (*mesh_)["tp"], *plan);
   const auto params = module.named_parameters(true);
-  std::set<const c10::TensorImpl*> cut;
+  TensorParallelCut cut;
+  cut.rank = layout.group->rank();
+  cut.size = layout.group->size();
   for (const auto& [name, placement] : layout.placements) {
-    if (placement.is_shard()) cut.insert(params[name].unsafeGetTensorImpl());
+    if (!placement.is_shard()) continue;
+    const at::Tensor& param = params[name];
+    cut.dims[param.unsafeGetTensorImpl()] = placement.dim < 0 ? placement.dim + param.dim() : placement.dim;
   }
   return cut;
 }

@@ -36,11 +36,12 @@ namespace tandem {
 //   file per rank of a sharded optimizer; a loader keeps what it holds under its own sharding;
 // - the loaders' positions count the samples of the epoch's order consumed (Note [Loader
 //   position]), so the rest of the epoch is split among the new ranks, every sample once.
-// What cannot carry over is each rank's random generator: at the same world size every rank gets
-// its own state back (the run continues exactly as if never stopped); at another one there is no
-// "own" state, so every rank seeds its generators with reseed(seed, rank, step) — reproducible
-// (the same checkpoint at the same new world size draws the same numbers), different on every
-// rank, and different from the seeds a fresh job starts with.
+// What cannot carry over is each rank's random generator: at the same world size and tp_size
+// every rank gets its own state back (the run continues exactly as if never stopped); at another
+// one there is no "own" state, so every rank seeds its generators with reseed(seed, data-parallel
+// rank, step) — reproducible (the same checkpoint at the same new shape draws the same numbers),
+// the same within a tensor-parallel group, different across data-parallel ranks, and different
+// from the seeds a fresh job starts with.
 namespace {
 
 constexpr int kStateFormat = 2;
@@ -198,9 +199,18 @@ std::vector<at::Tensor> Accelerator::held_parameters(size_t o) const {
 // one process) keep one model_<m>.safetensors, written by the main process. Under HSDP the
 // replicas hold the same rows: only the first replica's processes write theirs (writes_rows()),
 // the others' files hold none, so the pieces still tile every tensor once.
+// Note [Checkpoints under tensor parallelism]
+// Tensor parallelism cuts a parameter into even parts along one dimension (Shard(d)); FSDP then
+// holds rows of this rank's part. Either way a rank holds one box of the whole tensor
+// (piece_of: the part's offset along d, plus FSDP's first row along dim 0), and a checkpoint
+// writes it as such, with the whole shape (Note [Sharded files]): the same files as FSDP's rows,
+// any box in them. Of the copies of one box only the first is written (writes_piece): the first
+// data-parallel rank's (under HSDP the first replica's), and of a parameter the plan did not cut,
+// the first tensor-parallel rank's. A whole optimizer (DDP's) holds its cut parameters' state as
+// the same boxes, so under tensor parallelism it too writes one file per rank. A loader reads its
+// own box of each tensor, whatever cut, mesh or strategy wrote them: a job at tp_size 2 resumes at
+// tp_size 1 or 4, under DDP or FSDP, and the other way round.
 std::string Accelerator::save_state(const std::string& root) {
-  TANDEM_CHECK(plan_.tp == 1, "save_state: checkpoints of tensor-parallel models (tp_size ", plan_.tp,
-               ") are not built yet");
   // Accumulated gradients are not part of a checkpoint: a save between synchronisations would
   // resume differently, silently. (The condition is the same on every rank.)
   TANDEM_CHECK(sync_gradients_, "save_state: called in the middle of gradient accumulation (batch ",
@@ -229,7 +239,7 @@ std::string Accelerator::save_state(const std::string& root) {
   for (size_t m = 0; m < models_.size(); ++m) {
     const auto layout = models_[m].layout();
     const auto held = models_[m].held();
-    const bool sharded = std::any_of(layout.begin(), layout.end(), [](const ModelSlot& s) { return s.count >= 0; });
+    const bool sharded = std::any_of(layout.begin(), layout.end(), [](const ModelSlot& s) { return !s.piece.whole(); });
     model_files.push_back(nlohmann::json::array());
     if (!sharded) {
       const auto file = model_file(m, 0, false);
@@ -240,12 +250,8 @@ std::string Accelerator::save_state(const std::string& root) {
     auto build = [&] {
       std::vector<accelerate::ChunkPiece> pieces;
       for (size_t i = 0; i < layout.size(); ++i) {
-        const auto& slot = layout[i];
-        // Whole tensors (buffers) and tensors of no rows at all (one empty piece): rank 0's.
-        const bool empty = !slot.shape.empty() && slot.shape[0] == 0;
-        if ((slot.count > 0 && writes_rows()) || (world_.rank == 0 && (slot.count < 0 || empty))) {
-          pieces.push_back(accelerate::ChunkPiece::rows(slot.name, held[i].second, slot.first_row, slot.shape));
-        }
+        const auto& piece = layout[i].piece;
+        if (writes_piece(piece)) pieces.push_back({layout[i].name, held[i].second, piece.offsets, piece.shape});
       }
       return accelerate::chunk_pieces_bytes(pieces);
     };
@@ -268,11 +274,29 @@ std::string Accelerator::save_state(const std::string& root) {
     const bool named = !accelerate::named_optimizer_type(optimizer).empty();
     nlohmann::json entry = named ? accelerate::describe_optimizer(optimizer, groups, names) : nlohmann::json{{"type", ""}};
     const bool rows = layout == zero::DistributedOptimizer::StateLayout::ByRows;
-    const bool sharded = layout != zero::DistributedOptimizer::StateLayout::Whole;
+    // Under tensor parallelism a whole optimizer holds pieces of the cut parameters' state: one
+    // file per rank as well (Note [Checkpoints under tensor parallelism]).
+    const bool whole_under_tp = layout == zero::DistributedOptimizer::StateLayout::Whole && plan_.tp > 1;
+    const bool sharded = layout != zero::DistributedOptimizer::StateLayout::Whole || whole_under_tp;
     entry["sharded"] = sharded;
     entry["files"] = nlohmann::json::array();
     if (sharded) {
       auto build = [&]() -> std::string {
+        if (whole_under_tp && named) {
+          std::vector<accelerate::ChunkPiece> tp_pieces;
+          for (const auto& p : held_parameters(o)) {
+            const auto piece = piece_of(p, p.sizes().vec(), tp_cut_of(p), std::nullopt);
+            const std::string prefix = names.at(p.unsafeGetTensorImpl()) + ".";
+            for (auto& [name, t] : accelerate::named_state(optimizer, {p}, names)) {
+              if (name == prefix + "step") {  // the same everywhere: the main process's
+                if (world_.rank == 0) tp_pieces.push_back({name, t, {}, t.sizes().vec()});
+              } else if (writes_piece(piece)) {
+                tp_pieces.push_back({name, t, piece.offsets, piece.shape});
+              }
+            }
+          }
+          return accelerate::chunk_pieces_bytes(tp_pieces);
+        }
         if (!rows) {
           return named ? accelerate::safetensors_bytes(accelerate::named_state(optimizer, held_parameters(o), names),
                                                        {{"format", "pt"}})
@@ -280,10 +304,14 @@ std::string Accelerator::save_state(const std::string& root) {
         }
         std::vector<accelerate::ChunkPiece> row_pieces;
         for (auto& owned : pieces->owned_state()) {
-          if (owned.key == "step" ? world_.rank != 0 : !writes_rows()) continue;  // "step": the same everywhere
-          row_pieces.push_back(accelerate::ChunkPiece::rows(
-              names.at(owned.param.unsafeGetTensorImpl()) + "." + owned.key, owned.rows, owned.first_row,
-              owned.key == "step" ? owned.rows.sizes().vec() : owned.whole_shape));
+          const std::string name = names.at(owned.param.unsafeGetTensorImpl()) + "." + owned.key;
+          if (owned.key == "step") {  // the same everywhere: the main process's
+            if (world_.rank == 0) row_pieces.push_back({name, owned.rows, {}, owned.rows.sizes().vec()});
+            continue;
+          }
+          const auto piece = piece_of(owned.param, owned.whole_shape, tp_cut_of(owned.param),
+                                      std::make_pair(owned.first_row, owned.rows.size(0)));
+          if (writes_piece(piece)) row_pieces.push_back({name, owned.rows, piece.offsets, piece.shape});
         }
         return accelerate::chunk_pieces_bytes(row_pieces);
       };
@@ -322,6 +350,7 @@ std::string Accelerator::save_state(const std::string& root) {
     nlohmann::json state;
     state["format"] = kStateFormat;
     state["world_size"] = world_.world_size;
+    state["tp_size"] = plan_.tp;
     state["completed_steps"] = completed_steps_;
     state["accumulation_step"] = accumulation_step_;
     state["end_of_data"] = end_of_data_;
@@ -368,12 +397,11 @@ std::string Accelerator::save_state(const std::string& root) {
 // ranks agree on the outcome before anything changes: a damaged or foreign file stops every rank
 // with the model, the optimizers and the loop exactly as they were, never half-loaded.
 void Accelerator::load_state(const std::string& path) {
-  TANDEM_CHECK(plan_.tp == 1, "load_state: checkpoints of tensor-parallel models (tp_size ", plan_.tp,
-               ") are not built yet");
   std::string dir = path;
   struct Staged {
     nlohmann::json state;
-    int saved_world = 0;
+    int saved_world = 0, saved_tp = 1;
+    bool same_shape = false;  // the same world and tp_size: each rank's own generators come back
     std::vector<NamedTensors> weights;  // per model, the saved tensors by name
     std::vector<accelerate::StagedOptimizerState> named;
     std::vector<std::string> archives;  // LibTorch archives (an optimizer without a named format)
@@ -400,6 +428,8 @@ void Accelerator::load_state(const std::string& path) {
     TANDEM_CHECK(format == kStateFormat, "load_state: ", dir, "/state.json has format ", format, ", expected ",
                  kStateFormat, format == 1 ? " (written by an older Tandem: resume it with the version that wrote it)" : "");
     staged.saved_world = state.at("world_size").get<int>();
+    staged.saved_tp = state.value("tp_size", 1);
+    staged.same_shape = staged.saved_world == world_.world_size && staged.saved_tp == plan_.tp;
     const auto& optimizers = state.at("optimizers");
     TANDEM_CHECK(state.at("models").get<size_t>() == models_.size() && optimizers.size() == optimizers_.size(),
                  "load_state: ", dir, " holds ", state.at("models").get<size_t>(), " model(s) and ", optimizers.size(),
@@ -416,12 +446,13 @@ void Accelerator::load_state(const std::string& path) {
       const accelerate::ShardedTensors saved(paths, message("load_state: ", dir));
       for (const auto& slot : models_[m].layout()) {
         TANDEM_CHECK(saved.contains(slot.name), "load_state: ", file, " has no tensor '", slot.name, "'");
-        TANDEM_CHECK(saved.shape(slot.name) == slot.shape && saved.dtype(slot.name) == slot.dtype, "load_state: ", file,
-                     ": '", slot.name, "' is ", c10::toString(saved.dtype(slot.name)),
+        const auto& piece = slot.piece;
+        TANDEM_CHECK(saved.shape(slot.name) == piece.shape && saved.dtype(slot.name) == slot.dtype, "load_state: ",
+                     file, ": '", slot.name, "' is ", c10::toString(saved.dtype(slot.name)),
                      c10::IntArrayRef(saved.shape(slot.name)), " but the model's is ", c10::toString(slot.dtype),
-                     c10::IntArrayRef(slot.shape));
-        staged.weights[m].emplace_back(slot.name, slot.count < 0 ? saved.whole(slot.name)
-                                                                 : saved.rows(slot.name, slot.first_row, slot.count));
+                     c10::IntArrayRef(piece.shape));
+        staged.weights[m].emplace_back(slot.name, piece.whole() ? saved.whole(slot.name)
+                                                                : saved.chunk(slot.name, piece.offsets, piece.sizes));
       }
     }
     staged.named.resize(optimizers_.size());
@@ -432,30 +463,39 @@ void Accelerator::load_state(const std::string& path) {
       const bool saved_sharded = entry.at("sharded").get<bool>();
       const auto files = entry.at("files").get<std::vector<std::string>>();
       if (entry.at("type").get<std::string>().empty()) {
-        // A LibTorch archive: it loads only where it was written.
-        const bool sharded = optimizers_[o]->state_layout() != zero::DistributedOptimizer::StateLayout::Whole;
-        TANDEM_CHECK(saved_sharded == sharded && staged.saved_world == world_.world_size && !files.empty(), where,
+        // A LibTorch archive: it loads only where it was written (one per rank under tensor
+        // parallelism too: Note [Checkpoints under tensor parallelism]).
+        const bool sharded =
+            optimizers_[o]->state_layout() != zero::DistributedOptimizer::StateLayout::Whole || plan_.tp > 1;
+        TANDEM_CHECK(saved_sharded == sharded && staged.same_shape && !files.empty(), where,
                      " is an optimizer of its own type saved as LibTorch archive(s) by ", staged.saved_world,
-                     " process(es), ", saved_sharded ? "sharded" : "whole", "; it loads only like that (this job: ",
-                     world_.world_size, ", ", sharded ? "sharded" : "whole",
-                     "). SGD, Adam, AdamW, RMSprop and Adagrad load at any world size and sharding");
+                     " process(es) at tp_size ", staged.saved_tp, ", ", saved_sharded ? "sharded" : "whole",
+                     "; it loads only like that (this job: ", world_.world_size, " at tp_size ", plan_.tp, ", ",
+                     sharded ? "sharded" : "whole",
+                     "). SGD, Adam, AdamW, RMSprop and Adagrad load at any world size, tp_size and sharding");
         staged.archives[o] = reader.read(files.at(saved_sharded ? static_cast<size_t>(world_.rank) : 0));
         continue;
       }
       std::vector<std::string> paths;
       for (const auto& f : files) paths.push_back(reader.path(f));
       const auto groups = optimizer_groups(o);
-      std::function<accelerate::HeldRows(const at::Tensor&)> held_rows;
+      // What of each parameter's state this rank keeps: its piece (its rows under FSDP, of its
+      // tensor-parallel box when the plan cut it).
       zero::PartitionedOptimizer* pieces = optimizers_[o]->partitioned();
-      if (optimizers_[o]->state_layout() == zero::DistributedOptimizer::StateLayout::ByRows) {
-        held_rows = [pieces](const at::Tensor& p) {  // FSDP: only this rank's rows of each parameter's state
-          const auto held = pieces->held_rows(p);
-          return accelerate::HeldRows{held.shape, held.options, held.first_row, held.count};
-        };
-      }
+      const bool by_rows = optimizers_[o]->state_layout() == zero::DistributedOptimizer::StateLayout::ByRows;
+      auto held_piece = [&](const at::Tensor& p) {
+        if (!by_rows) {
+          const auto piece = piece_of(p, p.sizes().vec(), tp_cut_of(p), std::nullopt);
+          return accelerate::HeldPiece{piece.shape, p.options(), piece.whole() ? std::vector<int64_t>{} : piece.offsets,
+                                       piece.sizes};
+        }
+        const auto held = pieces->held_rows(p);
+        const auto piece = piece_of(p, held.shape, tp_cut_of(p), std::make_pair(held.first_row, held.count));
+        return accelerate::HeldPiece{piece.shape, held.options, piece.offsets, piece.sizes};
+      };
       staged.named[o] = accelerate::stage_optimizer_state(optimizers_[o]->optimizer(), groups,
                                                           names_for(identities, groups), held_parameters(o), entry,
-                                                          paths, where, held_rows);
+                                                          paths, where, held_piece);
       if (pieces) {  // stage 2 and FSDP: this rank's pieces, built from the staged state now (checked)
         std::unordered_map<const void*, const torch::optim::OptimizerParamState*> by_param;
         for (const auto& [param, st] : staged.named[o].states) by_param[param.unsafeGetTensorImpl()] = st.get();
@@ -470,7 +510,7 @@ void Accelerator::load_state(const std::string& path) {
         }
       }
     }
-    if (staged.saved_world == world_.world_size) {
+    if (staged.same_shape) {
       auto rng = accelerate::load_safetensors(reader.path("rng.safetensors"));
       for (auto& [name, tensor] : rng.tensors) {
         if (name == "cpu_rank_" + std::to_string(world_.rank) ||
@@ -537,14 +577,15 @@ void Accelerator::load_state(const std::string& path) {
     archive.load_from(in);
     optimizer.load(archive);
   }
-  if (staged.saved_world == world_.world_size) {
+  if (staged.same_shape) {
     for (const auto& [kind, tensor] : staged.rng) {
       at::Generator generator =
           kind == "cpu" ? at::detail::getDefaultCPUGenerator() : at::globalContext().defaultGenerator(device_);
       generator.set_state(tensor);
     }
   } else {
-    // Note [Resuming at another world size].
+    // Note [Resuming at another world size]; at another tp_size too, as each tensor-parallel
+    // group must draw alike (the generators are seeded by data-parallel rank).
     torch::manual_seed(reseed(options_.seed(), data_parallel_rank(), staged.completed_steps));
   }
   if (staged.scaler) scaler_->load_state_dict(*staged.scaler);

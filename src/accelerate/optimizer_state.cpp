@@ -155,7 +155,7 @@ StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std
                                            const ParamNames& names, const std::vector<at::Tensor>& held,
                                            const json& description, const std::vector<std::string>& files,
                                            const std::string& where,
-                                           const std::function<HeldRows(const at::Tensor&)>& held_rows) {
+                                           const std::function<HeldPiece(const at::Tensor&)>& held_piece) {
   const Kind kind = kind_of(optimizer);
   const std::string saved_type = description.value("type", "");
   TANDEM_CHECK(saved_type == name_of(kind), where, " holds the state of ", saved_type.empty() ? "an unnamed" : "a ",
@@ -200,22 +200,24 @@ StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std
     auto it = held_by_name.find(name);
     if (it == held_by_name.end()) continue;
     const std::string key = full.substr(dot + 1);
-    const HeldRows rows = held_rows ? held_rows(it->second) : HeldRows{it->second.sizes().vec(), it->second.options()};
-    if (key == "step" || rows.count < 0) {
+    const HeldPiece piece = held_piece ? held_piece(it->second) : HeldPiece{it->second.sizes().vec(), it->second.options(), {}, {}};
+    if (key == "step" || piece.whole()) {
       found[name][key] = saved.whole(full);  // checked against the parameter by make_state
       continue;
     }
-    TANDEM_CHECK(saved.shape(full) == rows.shape, where, ": '", full, "' is ", c10::IntArrayRef(saved.shape(full)),
-                 " but the parameter is ", c10::IntArrayRef(rows.shape));
-    found[name][key] = saved.rows(full, rows.first, rows.count);
+    TANDEM_CHECK(saved.shape(full) == piece.shape, where, ": '", full, "' is ", c10::IntArrayRef(saved.shape(full)),
+                 " but the parameter is ", c10::IntArrayRef(piece.shape));
+    found[name][key] = saved.chunk(full, piece.offsets, piece.sizes);
   }
   for (auto& [name, tensors] : found) {
     const at::Tensor& param = held_by_name.at(name);
-    // Checked against what this rank keeps (an FSDP parameter at rest holds no data: held_rows).
+    // Checked against what this rank keeps (an FSDP parameter at rest holds no data: held_piece).
     at::Tensor like = param;
-    if (held_rows) {
-      const HeldRows rows = held_rows(param);
-      like = at::empty(rows.count >= 0 ? rows_shape(rows.shape, rows.count) : rows.shape, rows.options);
+    if (held_piece) {
+      const HeldPiece piece = held_piece(param);
+      if (!piece.whole() || !param.sizes().equals(piece.shape)) {
+        like = at::empty(piece.whole() ? piece.shape : piece.sizes, piece.options);
+      }
     }
     staged.states.emplace_back(param, zero::make_state(kind, std::move(tensors), like, where + ": '" + name + "'"));
   }

@@ -53,18 +53,20 @@ struct StagedOptimizerState {
   std::vector<std::pair<at::Tensor, std::unique_ptr<torch::optim::OptimizerParamState>>> states;  // held -> state
 };
 
-/// What a rank keeps of a parameter's state: the whole state's shape and options, and rows
-/// [first, first + count) of its dim 0 (count -1: all of it). FSDP keeps its shard's rows.
-struct HeldRows {
+/// What a rank keeps of a parameter's state: the whole state's shape and this rank's options, and
+/// the box of it kept (offsets and sizes in box dimensions, a 0-d tensor's being one row; no
+/// offsets: all of it). FSDP keeps its shard's rows, tensor parallelism its piece.
+struct HeldPiece {
   std::vector<int64_t> shape;
   at::TensorOptions options;
-  int64_t first = 0, count = -1;
+  std::vector<int64_t> offsets, sizes;
+  bool whole() const { return offsets.empty(); }
 };
 
 /// Reads the state of the parameters in `held` from `files` (the optimizer's safetensors files,
 /// already verified against the manifest; whole or sharded, Note [Sharded files]) and
 /// checks it against `description` and this optimizer (type, groups, names, shapes, every file's
-/// tensors naming one of its parameters, none twice). `held_rows` says what of each parameter's
+/// tensors naming one of its parameters, none twice). `held_piece` says what of each parameter's
 /// state to keep (default: all of it, the parameter's shape). Throws tandem::Error, one line
 /// naming the file, and changes nothing.
 StagedOptimizerState stage_optimizer_state(const torch::optim::Optimizer& optimizer,
@@ -72,7 +74,7 @@ StagedOptimizerState stage_optimizer_state(const torch::optim::Optimizer& optimi
                                            const ParamNames& names, const std::vector<at::Tensor>& held,
                                            const nlohmann::json& description,
                                            const std::vector<std::string>& files, const std::string& where,
-                                           const std::function<HeldRows(const at::Tensor&)>& held_rows = nullptr);
+                                           const std::function<HeldPiece(const at::Tensor&)>& held_piece = nullptr);
 
 /// Sets the groups' hyper-parameters (checked by stage_optimizer_state).
 void apply_optimizer_options(torch::optim::Optimizer& optimizer, const std::vector<nlohmann::json>& options);

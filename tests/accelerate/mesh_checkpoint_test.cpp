@@ -36,19 +36,7 @@ std::vector<std::pair<std::string, at::Tensor>> model() {
 
 using Placements = std::map<std::string, std::vector<P>>;
 
-// A folder every process knows: rank 0 makes it, the others get its name by broadcast.
-std::string shared_folder() {
-  auto& pg = tandem::test::pg();
-  at::Tensor name = at::zeros({256}, at::kByte);
-  if (pg.rank() == 0) {
-    std::string pattern = (std::filesystem::temp_directory_path() / "tandem-mesh-ckpt-XXXXXX").string();
-    const char* made = ::mkdtemp(pattern.data());
-    // Left empty (every rank then fails on the empty name) when it cannot be made or would not fit.
-    if (made && std::strlen(made) < 256) std::memcpy(name.data_ptr(), made, std::strlen(made));
-  }
-  pg.broadcast(name, 0);
-  return std::string(static_cast<const char*>(name.data_ptr()));
-}
+std::string shared_folder() { return tandem::test::shared_temp_folder("tandem-mesh-ckpt"); }
 
 // This process's pieces on `mesh`, written to <folder>/model.rank<r>.safetensors (what it writes:
 // comm::writes_chunk; the bytes as save_state makes them).

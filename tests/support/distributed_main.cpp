@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -19,6 +20,18 @@ std::shared_ptr<comm::ProcessGroup> g_pg;
 
 comm::ProcessGroup& pg() { return *g_pg; }
 std::shared_ptr<comm::ProcessGroup> shared_pg() { return g_pg; }
+
+std::string shared_temp_folder(const std::string& prefix) {
+  at::Tensor name = at::zeros({256}, at::kByte);
+  if (g_pg->rank() == 0) {
+    std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+    const char* made = ::mkdtemp(pattern.data());
+    // Left empty (every rank then fails on the empty name) when it cannot be made or would not fit.
+    if (made && std::strlen(made) < 256) std::memcpy(name.data_ptr(), made, std::strlen(made));
+  }
+  g_pg->broadcast(name, 0);
+  return std::string(static_cast<const char*>(name.data_ptr()));
+}
 
 bool every_rank_has_nccl() {
   at::Tensor mine = at::full({1}, g_pg->has_nccl() ? 1 : 0, at::kInt);

@@ -19,6 +19,10 @@ namespace tandem::test {
 comm::ProcessGroup& pg();
 std::shared_ptr<comm::ProcessGroup> shared_pg();
 
+/// A new folder every rank of pg() knows: rank 0 makes it under the temporary directory (named
+/// `prefix`-XXXXXX), the others get its name by broadcast. Collective.
+std::string shared_temp_folder(const std::string& prefix);
+
 /// Whether every rank has an NCCL backend: a CPU all-reduce, so that all ranks skip a GPU test
 /// together (one rank skipping while the others enter a collective would hang them).
 bool every_rank_has_nccl();

@@ -258,13 +258,26 @@ class Accelerator {
   bool handling_stop_signals_ = false;
   int stop_signal_ = 0;
   using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
-  /// One tensor of a prepared model in a checkpoint: its whole shape and dtype, and the rows of
-  /// its dim 0 this rank holds (count -1: all of it; FSDP's parameters: the shard's rows).
+  /// Which parameters tensor parallelism cut, along which dimension, over how many ranks (this
+  /// rank's place among them): what turns a local tensor into its box of the whole.
+  struct TensorParallelCut {
+    std::map<const c10::TensorImpl*, int64_t> dims;  // a cut parameter -> its Shard dimension
+    int rank = 0, size = 1;
+  };
+  /// Where this rank's piece of a tensor sits in the whole one (Note [Checkpoints under tensor
+  /// parallelism], accelerator_state.cpp): the whole shape, and the box held in box dimensions (a
+  /// 0-d tensor's: one row). Tensor parallelism cuts a box; FSDP holds rows of that box.
+  struct TensorPiece {
+    std::vector<int64_t> shape;
+    std::vector<int64_t> offsets, sizes;
+    bool tp_cut = false, fsdp_rows = false;
+    bool whole() const { return !tp_cut && !fsdp_rows; }
+  };
+  /// One tensor of a prepared model in a checkpoint: its name, dtype and this rank's piece.
   struct ModelSlot {
     std::string name;
-    std::vector<int64_t> shape;
     at::ScalarType dtype = at::kFloat;
-    int64_t first_row = 0, count = -1;
+    TensorPiece piece;
   };
   struct ModelEntry {
     std::function<NamedTensors()> identities;          // the module's own tensors by name (names the optimizer's)
@@ -273,7 +286,7 @@ class Accelerator {
     std::function<void(const NamedTensors&)> load;     // sets the model from per-slot tensors like held()'s
     ddp::Reducer* reducer = nullptr;  // its DDP's, under Strategy::Ddp
     std::shared_ptr<fsdp::detail::Engine> fsdp;  // its FSDP's, under Strategy::Fsdp
-    std::set<const c10::TensorImpl*> tp_pieces;  // its parameters tensor parallelism cut
+    TensorParallelCut tp;  // its parameters tensor parallelism cut
     std::shared_ptr<torch::nn::Module> owner;  // keeps those alive as long as the Accelerator
   };
   struct LoaderEntry {
@@ -287,7 +300,20 @@ class Accelerator {
   PreparedModel<ModuleHolder> prepare(ModuleHolder module, const tp::Plan* plan);
   /// Cuts `module` by `plan` over the tensor-parallel group (tp_size > 1); returns the parameters
   /// cut. One line when tp_size > 1 comes without a plan.
-  std::set<const c10::TensorImpl*> parallelize(torch::nn::Module& module, const tp::Plan* plan);
+  TensorParallelCut parallelize(torch::nn::Module& module, const tp::Plan* plan);
+  /// The piece of a tensor of `local_shape` (after tensor parallelism cut it, when `cut` names
+  /// it) that this rank holds: all of it, or rows [first_row, first_row + count) under FSDP.
+  static TensorPiece piece_of(const at::Tensor& param, const std::vector<int64_t>& local_shape,
+                              const TensorParallelCut& cut, std::optional<std::pair<int64_t, int64_t>> rows);
+  /// Whether this rank writes `piece` into a checkpoint: the pieces must tile each tensor once, so
+  /// of the copies (data-parallel replicas, tensor-parallel ranks of a tensor it did not cut) only
+  /// the first one's is written.
+  bool writes_piece(const TensorPiece& piece) const;
+  /// Whether this rank holds the first copy of a tensor it shares (cut by tensor parallelism or
+  /// not, FSDP's rows or a whole replica): the copy a checkpoint writes and a norm counts.
+  bool holds_first_copy(bool tp_cut, bool fsdp_rows) const;
+  /// The cut of the parameter's model (every parameter's is the same rank and size).
+  const TensorParallelCut& tp_cut_of(const at::Tensor& param) const;
   /// Note [Clipping tensor-parallel gradients] (accelerator.cpp).
   double clip_tensor_parallel(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type);
   at::Tensor gather_over(comm::ProcessGroup* group, const at::Tensor& tensor);
@@ -301,8 +327,9 @@ class Accelerator {
   /// Whether this process writes its rows of sharded state: under HSDP only the first replica's
   /// processes do (the others hold the same rows).
   bool writes_rows() const { return !mesh_ || mesh_->local_rank("replicate") == 0; }
-  /// The parameters, then the buffers; under FSDP a parameter's slot is its shard's rows.
-  static std::vector<ModelSlot> model_layout(const fsdp::detail::Engine* engine, torch::nn::Module& module);
+  /// The parameters, then the buffers, each with this rank's piece of it.
+  static std::vector<ModelSlot> model_layout(const fsdp::detail::Engine* engine, torch::nn::Module& module,
+                                             const TensorParallelCut& cut);
   /// What this rank holds of each slot of model_layout: the tensor, or its shard's rows.
   static NamedTensors model_held(const fsdp::detail::Engine* engine, torch::nn::Module& module);
   /// Copies per-slot tensors by name into the module (rows into its shards under FSDP).
@@ -354,7 +381,7 @@ template <typename ModuleHolder>
 PreparedModel<ModuleHolder> Accelerator::prepare(ModuleHolder module, const tp::Plan* plan) {
   using Impl = PreparedModelImpl<ModuleHolder>;
   module->to(device_);
-  std::set<const c10::TensorImpl*> tp_pieces = parallelize(*module, plan);
+  TensorParallelCut tp_cut = parallelize(*module, plan);
   if (options_.activation_checkpointing() && plan_.strategy != Strategy::Fsdp) checkpoint_activations(*module);
   std::optional<typename Impl::Ddp> ddp;
   std::optional<typename Impl::Dp> dp;
@@ -383,12 +410,12 @@ PreparedModel<ModuleHolder> Accelerator::prepare(ModuleHolder module, const tp::
     for (const auto& item : module->named_buffers(true)) state.emplace_back(item.key(), item.value());
     return state;
   };
-  entry.layout = [engine, module]() { return model_layout(engine.get(), *module.ptr()); };
+  entry.layout = [engine, module, tp_cut]() { return model_layout(engine.get(), *module.ptr(), tp_cut); };
   entry.held = [engine, module]() { return model_held(engine.get(), *module.ptr()); };
   entry.load = [engine, module](const NamedTensors& held) { load_model(engine.get(), *module.ptr(), held); };
   entry.reducer = reducer;
   entry.fsdp = engine;
-  entry.tp_pieces = std::move(tp_pieces);
+  entry.tp = std::move(tp_cut);
   entry.owner = prepared.ptr();
   models_.push_back(std::move(entry));
   return prepared;
