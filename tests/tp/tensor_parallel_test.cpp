@@ -518,7 +518,8 @@ at::Tensor evaluated(Model& model, const at::Tensor& x, const at::Tensor& y, con
 }
 
 void check_checkpoint_against_single_process(tandem::Accelerator& acc, const at::Tensor& x_all, const at::Tensor& y_all,
-                                             int64_t per_rank, tandem::Strategy strategy, Gpt& reference,
+                                             int64_t per_rank, tandem::Strategy strategy,
+                                             const tandem::ParallelismConfig& parallelism, Gpt& reference,
                                              torch::optim::AdamW& ref_opt) {
   at::AutoGradMode grad_mode(true);  // the caller checked its model without autograd
   const std::string saved = acc.save_state(tandem::test::shared_temp_folder("tandem-tp-ckpt"));
@@ -557,10 +558,8 @@ void check_checkpoint_against_single_process(tandem::Accelerator& acc, const at:
   EXPECT_TRUE(at::allclose(evaluated(model, x2, y2, nullptr), whole_loss(reference, x2, y2), 1e-4, 1e-6));
   // And back: the whole job's checkpoint, loaded by a tensor-parallel one.
   const std::string saved_whole = whole.save_state(tandem::test::shared_temp_folder("tandem-tp-ckpt-whole"));
-  tandem::Accelerator cut(shared_pg(), tandem::AcceleratorOptions()
-                                           .strategy(strategy)
-                                           .parallelism(tandem::ParallelismConfig().tp_size(2))
-                                           .progress(false));
+  tandem::Accelerator cut(shared_pg(),
+                          tandem::AcceleratorOptions().strategy(strategy).parallelism(parallelism).progress(false));
   auto cut_model = cut.prepare_model(make_gpt(), megatron_plan());
   torch::optim::AdamW cut_opt(cut_model->parameters(), torch::optim::AdamWOptions(1e-2));
   cut.prepare_optimizer(cut_opt);
@@ -591,11 +590,10 @@ void check_checkpoint_against_single_process(tandem::Accelerator& acc, const at:
 // trains on its share of every global batch; one process trains on the whole of it. Gradient
 // clipping is active (max_norm below the norms), so the norm each step returns checks every
 // gradient piece counted once (Note [Clipping tensor-parallel gradients]).
-void check_accelerator_against_single_process(tandem::Strategy strategy) {
-  tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions()
-                                           .strategy(strategy)
-                                           .parallelism(tandem::ParallelismConfig().tp_size(2))
-                                           .progress(false));
+void check_accelerator_against_single_process(tandem::Strategy strategy,
+                                              tandem::ParallelismConfig parallelism = tandem::ParallelismConfig().tp_size(2)) {
+  tandem::Accelerator acc(shared_pg(),
+                          tandem::AcceleratorOptions().strategy(strategy).parallelism(parallelism).progress(false));
   const int dp = acc.data_parallel_size();
   ASSERT_EQ(dp, W() / 2);
   ASSERT_EQ(acc.data_parallel_rank(), R() / 2);
@@ -636,7 +634,7 @@ void check_accelerator_against_single_process(tandem::Strategy strategy) {
                            whole_loss(reference, x, y), 1e-4, 1e-6));
   EXPECT_ERROR(acc.prepare_model(make_gpt()), "prepare_model: tp_size 2 cuts the model's layers by a plan: call "
                                              "prepare_model(model, plan) (tandem/tp/parallelize.h)");
-  check_checkpoint_against_single_process(acc, x_all, y_all, per_rank, strategy, reference, ref_opt);
+  check_checkpoint_against_single_process(acc, x_all, y_all, per_rank, strategy, parallelism, reference, ref_opt);
 }
 
 TEST(AcceleratorTensorParallel, DdpOverTheRestEqualsOneProcess) {
@@ -647,6 +645,14 @@ TEST(AcceleratorTensorParallel, DdpOverTheRestEqualsOneProcess) {
 TEST(AcceleratorTensorParallel, FsdpOverTheRestEqualsOneProcess) {
   if (W() % 2 != 0) GTEST_SKIP() << "tp_size 2 takes an even number of processes";
   check_accelerator_against_single_process(tandem::Strategy::Fsdp);
+}
+
+// HSDP under the pairs: two replicas of one shard each, so the checkpoint's pieces come from the
+// first replica only and the norm counts them once.
+TEST(AcceleratorTensorParallel, HsdpOverTheRestEqualsOneProcess) {
+  if (W() != 4) GTEST_SKIP() << "replicate 2 x shard 1 x tp 2 takes 4 processes";
+  check_accelerator_against_single_process(tandem::Strategy::Fsdp,
+                                           tandem::ParallelismConfig().replicate_size(2).shard_size(1).tp_size(2));
 }
 
 // ---------------------------------------------------------------------------------------------
