@@ -7,11 +7,10 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
-#include <functional>
 #include <map>
-#include <numeric>
 #include <optional>
 
+#include <c10/util/accumulate.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
@@ -198,12 +197,9 @@ bool Accelerator::holds_first_copy(bool tp_cut, bool fsdp_rows) const {
 }
 
 bool Accelerator::writes_piece(const TensorPiece& piece) const {
-  const auto volume = [](const std::vector<int64_t>& sizes) {
-    return std::accumulate(sizes.begin(), sizes.end(), int64_t{1}, std::multiplies<>());
-  };
   // A tensor of no elements still needs one (empty) piece to be named: the main process's.
-  if (piece.whole() || volume(piece.shape) == 0) return world_.rank == 0;
-  return volume(piece.sizes) > 0 && holds_first_copy(piece.tp_cut, piece.fsdp_rows);
+  if (piece.whole() || c10::multiply_integers(piece.shape) == 0) return world_.rank == 0;
+  return c10::multiply_integers(piece.sizes) > 0 && holds_first_copy(piece.tp_cut, piece.fsdp_rows);
 }
 
 std::vector<Accelerator::ModelSlot> Accelerator::model_layout(const fsdp::detail::Engine* engine,
