@@ -6,8 +6,8 @@
 # sharding it can load into (zero_stage 0, 1, 2, and FSDP at 3 processes, where nothing divides;
 # from an FSDP checkpoint: stage 0 and FSDP), each at one other world size (4 shrinks to 2, 2 grows
 # to 3), plus one process, plus (from 2) one other stage at the same size. Every pair of source and
-# target sharding meets, from both source sizes; the whole product (56 loads) took 162 s on 2 cores,
-# these 39 118 s.
+# target sharding meets, from both source sizes. The whole product, 56 loads, took 162 s on 2
+# cores; these 39 take 118 s.
 #   - the saved optimizer state does not depend on ZeRO-1: the consolidated files of the stage 0
 #     and stage 1 saves at one world size are the same bytes (ZeRO-1 steps exactly as the whole
 #     optimizer; stage 2 adds in another order on Gloo, so its state differs in the last bits);

@@ -621,6 +621,7 @@ void check_accelerator_against_single_process(tandem::Strategy strategy,
     // each clipped to half of what it is, so the clip always bites.
     const double norm_type = step == 1 ? std::numeric_limits<double>::infinity() : 2.0;
     const double unclipped = torch::nn::utils::clip_grad_norm_(reference->parameters(), 1e30, norm_type);
+    ASSERT_GT(unclipped, 0) << "step " << step << ": a zero gradient cannot show the clip biting";
     const double max_norm = unclipped / 2;
     const double ref_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), max_norm, norm_type);
     ref_opt.step();
