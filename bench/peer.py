@@ -5,13 +5,15 @@ shapes and parameter count), with the worker's flags and its record ("tandem-ben
 
 Started by `tandem bench` through `tandem run` (or torchrun): reads RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT; Gloo on CPU, NCCL on CUDA. Strategies: single (plain loop), ddp
-(torch DDP), ddp-no-sync (DDP under no_sync()), accelerate (accelerate.Accelerator), dp
-(torch.nn.DataParallel over --replicas CUDA devices). dp-replicate, dp-persistent, allreduce and
-sweep are Tandem's alone: they give the "unsupported" record, as does any combination that
+(torch DDP), ddp-no-sync (DDP under no_sync()), zero1 (ZeroRedundancyOptimizer), fsdp (FSDP2's
+fully_shard), tp and fsdp+tp (parallelize_module with the worker's plan and loss_parallel, FSDP2
+across the TP pairs), accelerate (accelerate.Accelerator), dp (torch.nn.DataParallel over
+--replicas CUDA devices). dp-replicate, dp-persistent, zero2, allreduce and sweep are Tandem's alone: they give the "unsupported" record, as does any combination that
 cannot run here. Rank 0 appends one JSON line to --out (or prints it); every rank exits 0.
 Bad flags: one line on stderr, exit 2. --list-strategies prints STRATEGIES as JSON.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -20,7 +22,13 @@ import sys
 import time
 
 RECORD = "tandem-bench-run/1"
-FSDP2_USED = False  # set when the fsdp peer ran (see exit's note)
+# What keeps Gloo's threads past destroy_process_group, when a peer used it (see exit's note):
+# FSDP2, or the device mesh of tensor parallelism's DTensors (torch 2.11 caches meshes and their
+# groups beyond the modules' life).
+GLOO_HOLDER = ""
+# Tensor parallelism (the table's tp_size): "tp" cuts over every rank, "fsdp+tp" over pairs with
+# FSDP2 across them; only the GPT has a plan (gpt_tp_plan in bench/workloads.h).
+TP_SIZE = {"tp": -1, "fsdp+tp": 2}
 # Every strategy of Tandem's table (src/bench/strategies.cpp), in its order: how it occupies its
 # devices (alone, replicas in one process, or ranks) and whether this peer measures it. The test
 # bench.strategies.peer holds this table to `tandem-bench-worker --list-strategies`.
@@ -33,6 +41,8 @@ STRATEGIES = {
     "zero1": ("ranks", True),
     "zero2": ("ranks", False),
     "fsdp": ("ranks", True),
+    "tp": ("ranks", True),
+    "fsdp+tp": ("ranks", True),
     "accelerate-zero1": ("ranks", False),
     "accelerate-zero2": ("ranks", False),
     "dp": ("replicas", True),
@@ -44,6 +54,33 @@ STRATEGIES = {
 
 def launch(a):
     return STRATEGIES[a.strategy][0]
+
+
+def gpt_config(scale):  # (V, T, d, L, heads): the large model (bench/workloads.h)
+    return {"tiny": (128, 16, 32, 1, 2), "cpu": (4096, 64, 192, 4, 6), "full": (8192, 256, 512, 8, 8)}[scale]
+
+
+def tp_group_size(a, world):
+    size = TP_SIZE.get(a.strategy, 1)
+    return world if size == -1 else size
+
+
+def table_refusal(a, world):
+    """The strategy table's own refusals (bench::table_refusal): a model without a plan, a mesh
+    the world does not make, heads or classes that do not divide among a TP group."""
+    if a.strategy not in TP_SIZE:
+        return None
+    if a.model != "large":
+        return f"{a.strategy} has a plan for the large model only, not {a.model}"
+    size = TP_SIZE[a.strategy]
+    if size > 0 and (world % size != 0 or world // size < 2):
+        return (f"{a.strategy} needs a 2-D mesh of at least two tensor-parallel groups of {size}: a multiple of "
+                f"{size} ranks, at least {2 * size} (got {world})")
+    tp = tp_group_size(a, world)
+    vocab, _, _, _, heads = gpt_config(a.scale)
+    if heads % tp or vocab % tp:
+        return f"{a.strategy} cuts the GPT's {heads} heads and {vocab} classes over {tp} ranks: they do not divide"
+    return None
 
 # ---- flags and the record -------------------------------------------------------------------------
 
@@ -135,7 +172,9 @@ def unsupported_without_torch(a, world):
         return "torch.nn.DataParallel replicates only across CUDA devices; on CPU it runs the module once"
     if launch(a) != "ranks" and world > 1:
         return f"{a.strategy} runs in one process, but {world} were launched"
-    return None
+    if a.strategy in TP_SIZE and a.precision == "fp16":
+        return f"{a.strategy} does not support --precision fp16"
+    return table_refusal(a, world)
 
 
 def percentile(values, p):
@@ -243,24 +282,27 @@ class ResNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1))
 
 
-def gpt_config(scale):  # (V, T, d, L, heads)
-    return {"tiny": (128, 16, 32, 1, 2), "cpu": (4096, 64, 192, 4, 6), "full": (8192, 256, 512, 8, 8)}[scale]
-
-
 class GptBlock(nn.Module):
-    """Pre-LN: x + proj(causal attention(ln1(x))), then x + fc2(gelu(fc1(ln2(x))))."""
+    """Pre-LN: x + proj(causal attention(ln1(x))), then x + fc2(gelu(fc1(ln2(x)))); q, k, v apart
+    (tensor parallelism cuts each by heads)."""
 
     def __init__(self, dim, heads):
         super().__init__()
-        self.heads = heads
-        self.ln1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.head_dim = dim // heads
+        self.ln1, self.q, self.k, self.v = nn.LayerNorm(dim), nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
         self.ln2, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
 
     def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
-        h = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        b, t, _ = x.shape
+
+        def split(y):  # as many heads as q gives (heads / tp of them under tensor parallelism)
+            return y.view(b, t, -1, self.head_dim).transpose(1, 2)
+
+        normed = self.ln1(x)
+        y = F.scaled_dot_product_attention(split(self.q(normed)), split(self.k(normed)), split(self.v(normed)),
+                                           dropout_p=0.0, is_causal=True)
+        h = x + self.proj(y.transpose(1, 2).reshape(b, t, -1))
         return h + self.fc2(F.gelu(self.fc1(self.ln2(h))))
 
 
@@ -367,15 +409,17 @@ def minor_faults():
 
 def model_state_bytes(net, opt):
     """This rank's parameter, gradient and optimizer-state bytes, accounted from the tensors (the
-    worker's model_state_bytes): ZeroRedundancyOptimizer keeps its share in opt.optim.state."""
-    def local(t):  # FSDP2's DTensors: this rank's shard
+    worker's model_state_bytes): ZeroRedundancyOptimizer keeps its share in opt.optim.state. The
+    gradients as they are after the step: under tensor parallelism PyTorch's gradient of a
+    row-cut embedding is whole (Replicate) on every rank, larger than its parameter."""
+    def local(t):  # FSDP2's and TP's DTensors: this rank's part
         return t.to_local() if hasattr(t, "to_local") else t
 
     state = getattr(opt, "optim", opt).state
     tensors = [local(t) for s in state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
-    params = [local(p) for p in net.parameters()]
-    return [sum(p.numel() * p.element_size() for p in params),
-            sum(p.numel() * p.element_size() for p, q in zip(params, net.parameters()) if q.requires_grad),
+    grads = [local(p.grad if p.grad is not None else p) for p in net.parameters() if p.requires_grad]
+    return [sum(local(p).numel() * local(p).element_size() for p in net.parameters()),
+            sum(g.numel() * g.element_size() for g in grads),
             sum(t.numel() * t.element_size() for t in tensors)]
 
 
@@ -428,7 +472,7 @@ class Measurement:
         if a.strategy == "accelerate":
             return self.run_accelerate()
         dist = torch.distributed
-        if a.strategy in ("ddp", "ddp-no-sync", "zero1", "fsdp"):
+        if a.strategy in ("ddp", "ddp-no-sync", "zero1", "fsdp", "tp", "fsdp+tp"):
             backend = "nccl" if self.cuda else "gloo"
             if "MASTER_ADDR" in os.environ:
                 dist.init_process_group(backend, rank=self.rank, world_size=self.world)
@@ -452,11 +496,13 @@ class Measurement:
         net = make_model(a.model, a.scale)
         params = sum(p.numel() for p in net.parameters())
         grad_bytes = sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)  # fp32
-        samples = a.batch_size * a.replicas if a.strategy == "dp" else a.batch_size
-        x, y = synthetic_batch(a.model, a.scale, samples, 100 + self.rank)
+        # DataParallel: B per replica; a TP group trains one batch of B per rank in it (the worker's).
+        tp = tp_group_size(a, self.world)
+        samples = a.batch_size * a.replicas if a.strategy == "dp" else a.batch_size * tp
+        x, y = synthetic_batch(a.model, a.scale, samples, 100 + self.rank // tp)
         return net, params, grad_bytes, x, y
 
-    def plain_step(self, loop, model, opt, scaler, x, y, no_sync=False):
+    def plain_step(self, loop, model, opt, scaler, x, y, no_sync=False, loss_context=contextlib.nullcontext):
         opt.zero_grad()
 
         def forward():
@@ -478,11 +524,7 @@ class Measurement:
             else:
                 opt.step()
 
-        if no_sync:
-            with model.no_sync():
-                loss = loop.phase(loop.forward, forward)
-                loop.phase(loop.backward, lambda: backward(loss))
-        else:
+        with model.no_sync() if no_sync else contextlib.nullcontext(), loss_context():
             loss = loop.phase(loop.forward, forward)
             loop.phase(loop.backward, lambda: backward(loss))
         loop.phase(loop.optimizer, step)
@@ -494,34 +536,15 @@ class Measurement:
         net.to(device)
         x, y = x.to(device), y.to(device)
         buckets = 0
+        loss_context = contextlib.nullcontext
         if a.strategy == "single":
             model = net
         elif a.strategy == "dp":
             model = nn.DataParallel(net, device_ids=list(range(a.replicas)))
-        elif a.strategy == "fsdp":  # FSDP2 on Tandem's units: Sequential entries, the GPT's embedding and head
-            global FSDP2_USED
-            FSDP2_USED = True
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-            # Mixed precision as accelerate sets FSDP2's, and as Tandem's Accelerator sets its own:
-            # gather, compute and reduce in the autocast dtype; float32 shards.
-            policy = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=self.dtype)
-
-            def auto_wrap(module):  # Tandem's auto_wrap: top down, never inside a unit
-                if isinstance(module, nn.Sequential):
-                    for entry in module:
-                        if any(True for _ in entry.parameters()):
-                            fully_shard(entry, mp_policy=policy)
-                for child in module.children():
-                    if not isinstance(child, FSDPModule):
-                        auto_wrap(child)
-
-            from torch.distributed.fsdp import FSDPModule
-            auto_wrap(net)
-            for name in ("tok_emb", "head"):
-                if hasattr(net, name):
-                    fully_shard(getattr(net, name), mp_policy=policy)
-            model = fully_shard(net, mp_policy=policy)
+        elif a.strategy == "fsdp":
+            model = self.fully_shard_units(net)
+        elif a.strategy in TP_SIZE:
+            model, loss_context = self.tensor_parallel(net), self.loss_parallel
         else:
             model = nn.parallel.DistributedDataParallel(net, device_ids=[self.local_rank] if self.cuda else None)
         if a.strategy == "zero1":  # ZeRO-1: PyTorch's ZeroRedundancyOptimizer over the same SGD
@@ -531,12 +554,63 @@ class Measurement:
         scaler = torch.amp.GradScaler(a.device) if a.precision == "fp16" else None
         loop = Loop(a, self.slowest)
         no_sync = a.strategy == "ddp-no-sync"
-        loop.run(lambda: self.plain_step(loop, model, opt, scaler, x, y, no_sync))
+        loop.run(lambda: self.plain_step(loop, model, opt, scaler, x, y, no_sync, loss_context))
         if a.strategy in ("ddp", "ddp-no-sync", "zero1"):
             buckets = ddp_buckets(model)
         devices = list(range(a.replicas)) if a.strategy == "dp" else None
-        state = model_state_bytes(net, opt) if a.strategy in ("ddp", "zero1", "fsdp") else None
+        state = model_state_bytes(net, opt) if a.strategy in ("ddp", "zero1", "fsdp") or a.strategy in TP_SIZE else None
         return dict(loop=loop, params=params, grad_bytes=grad_bytes, buckets=buckets, devices=devices, state=state)
+
+    def fully_shard_units(self, net, mesh=None):
+        """FSDP2 on Tandem's units (Sequential entries, the GPT's embedding and head), over `mesh`
+        (None: the world)."""
+        global GLOO_HOLDER
+        GLOO_HOLDER = "FSDP2"
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+        # Mixed precision as accelerate sets FSDP2's, and as Tandem's Accelerator sets its own:
+        # gather, compute and reduce in the autocast dtype; float32 shards.
+        policy = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=self.dtype)
+
+        def auto_wrap(module):  # Tandem's auto_wrap: top down, never inside a unit
+            if isinstance(module, nn.Sequential):
+                for entry in module:
+                    if any(True for _ in entry.parameters()):
+                        fully_shard(entry, mesh=mesh, mp_policy=policy)
+            for child in module.children():
+                if not isinstance(child, FSDPModule):
+                    auto_wrap(child)
+
+        auto_wrap(net)
+        for name in ("tok_emb", "head"):
+            if hasattr(net, name):
+                fully_shard(getattr(net, name), mesh=mesh, mp_policy=policy)
+        return fully_shard(net, mesh=mesh, mp_policy=policy)
+
+    def tensor_parallel(self, net):
+        """parallelize_module with the worker's plan (gpt_tp_plan) over the mesh's "tp" dimension,
+        the head's logits kept cut for loss_parallel; under fsdp+tp FSDP2 across the "dp" one."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        global GLOO_HOLDER
+        GLOO_HOLDER = "DTensor's device mesh"
+        tp = tp_group_size(self.a, self.world)
+        mesh = init_device_mesh(self.device().type, (self.world // tp, tp), mesh_dim_names=("dp", "tp"))
+        plan = {"tok_emb": RowwiseParallel(input_layouts=Replicate()),
+                "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+        for i in range(len(net.blocks)):
+            plan.update({f"blocks.{i}.{n}": ColwiseParallel() for n in ("q", "k", "v", "fc1")})
+            plan.update({f"blocks.{i}.{n}": RowwiseParallel() for n in ("proj", "fc2")})
+        parallelize_module(net, mesh["tp"], plan)
+        return self.fully_shard_units(net, mesh["dp"]) if mesh["dp"].size() > 1 else net
+
+    @staticmethod
+    def loss_parallel():
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
 
     def run_accelerate(self):
         """Hugging Face accelerate's loop: prepare, accumulate, backward, step, zero_grad."""
@@ -666,4 +740,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    exit_without_gloo_threads(main(), "FSDP2" if FSDP2_USED else "")
+    exit_without_gloo_threads(main(), GLOO_HOLDER)

@@ -9,8 +9,10 @@
 //                       [--sweep-collective all_reduce|reduce_scatter|all_gather] [--out FILE]
 //
 // Strategies: single (plain loop, world 1), ddp (DistributedDataParallel, synced every step),
-// ddp-no-sync (DDP with every step under no_sync: compute without communication), zero1, zero2, fsdp
-// (DDP with ZeRO-1 or ZeRO-2 over the same SGD), accelerate-zero1/2 (the Accelerator's zero_stage), accelerate
+// ddp-no-sync (DDP with every step under no_sync: compute without communication), zero1, zero2
+// (DDP with ZeRO-1 or ZeRO-2 over the same SGD), fsdp (FullyShardedDataParallel), tp and fsdp+tp
+// (tensor parallelism on the GPT over every rank, or over pairs with FSDP across them: Note [TP
+// traffic]), accelerate-zero1/2 (the Accelerator's zero_stage), accelerate
 // (tandem::Accelerator, strategy Ddp), dp-replicate / dp-persistent (tandem::dp::DataParallel
 // over R replicas in one process), allreduce (the model's gradient bytes all-reduced through the
 // process group, in DDP's bucket layout and flat), sweep (all_reduce of float32 buffers from
@@ -51,12 +53,15 @@
 #include "tandem/amp/autocast.h"
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/comm/cuda_info.h"
+#include "tandem/comm/device_mesh.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/data_parallel.h"
 #include "tandem/error.h"
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/host_allocator.h"
+#include "tandem/tp/loss_parallel.h"
+#include "tandem/tp/parallelize.h"
 #include "tandem/version.h"
 #include "tandem/zero/gradient_sharded_optimizer.h"
 #include "tandem/zero/sharded_optimizer.h"
@@ -199,6 +204,7 @@ struct Loop {
 struct Result {
   std::vector<double> times, forward, backward, optimizer;
   std::vector<double> exposed_gather, exposed_reduce_scatter;  // fsdp: host time blocked per timed step
+  std::vector<double> tp_wait, tp_bytes, tp_collectives;       // tp: the TP group's traffic per timed step
   double faults_per_step = 0;
   int steps = 0;
   int64_t params = 0, grad_bytes = 0, buckets = 0;
@@ -253,17 +259,20 @@ struct Stepper {
   zero::GradientShardedOptimizer* flat;
 };
 
-/// One training step of a plain loop (single, ddp, ddp-no-sync, zero1, zero2, dp-*): zero_grad, forward
-/// and loss under autocast, backward (scaled for fp16), step. `forward` runs the model on the batch.
+using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
+/// One training step of a plain loop (single, ddp, ddp-no-sync, zero1, zero2, fsdp, tp, dp-*): zero_grad,
+/// forward and loss under autocast, backward (scaled for fp16), step. `forward` runs the model on the
+/// batch; `loss_of` (the models' cross entropy unless given) turns its output into the loss.
 template <typename Forward>
 void plain_step(const Options& o, Loop& loop, Stepper opt, amp::GradScaler* scaler, const at::Tensor& y,
-                Forward&& forward) {
+                Forward&& forward, const LossFn& loss_of = bench::loss_of) {
   opt.zero_grad();
   at::Tensor loss;
   loop.phase(loop.forward, [&] {
     std::optional<amp::AutocastScope> autocast;
     if (auto dtype = autocast_dtype(o)) autocast.emplace(device_type(o), *dtype);
-    loss = bench::loss_of(forward(), y);
+    loss = loss_of(forward(), y);
   });
   loop.phase(loop.backward, [&] {
     if (scaler) {
@@ -319,8 +328,11 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
   }
   const c10::Device device =
       o.cuda() ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(o.dp() ? 0 : world.local_rank)) : c10::kCPU;
-  const int64_t samples = o.dp() ? o.batch * o.replicas : o.batch;  // DP: B per replica
-  auto [x_cpu, y_cpu] = bench::synthetic_batch(o.model, o.scale, samples, 100 + static_cast<uint64_t>(world.rank));
+  // DataParallel: B per replica. Tensor parallelism: each TP group trains one batch of B per rank
+  // in it, the same on each of its ranks (Note [TP traffic]).
+  const int tp = bench::tp_group_size(o.entry(), world.world_size);
+  const int64_t samples = o.dp() ? o.batch * o.replicas : o.batch * tp;
+  auto [x_cpu, y_cpu] = bench::synthetic_batch(o.model, o.scale, samples, 100 + static_cast<uint64_t>(world.rank / tp));
   const at::Tensor x = x_cpu.to(device), y = y_cpu.to(device);
   auto scaler = make_scaler(o);
   amp::GradScaler* scaler_ptr = scaler ? &*scaler : nullptr;
@@ -376,6 +388,62 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     const auto m = model->memory();
     r.model_state = std::array<int64_t, 3>{m.parameter_shards, m.gradient_shards, zero::optimizer_state_bytes(opt)};
     r.transient = std::array<int64_t, 2>{m.peak_transient, m.two_largest_units};
+  } else if (o.entry().tp_size != 0) {
+    // Note [TP traffic]
+    // tp: one TP group of every rank; fsdp+tp: TP pairs, FSDP across them (mesh dp x tp). The
+    // layers are cut by gpt_tp_plan, the loss is the vocab-parallel cross entropy. The TP group's
+    // collectives (tensor parallelism's own: activations, their gradients, the loss's sums) are
+    // counted per timed step from its ProcessGroup::traffic(): how many, the bytes of their
+    // buffers, and the host time blocked in them, which on CPU backends is their whole time (a
+    // layer waits for its all-reduce before it goes on: nothing hides it). FSDP's, on the dp
+    // group, are timed as for fsdp.
+    net->to(device);
+    comm::DeviceMesh mesh(pg, {world.world_size / tp, tp}, {"dp", "tp"});
+    tp::parallelize(*net, mesh["tp"], bench::gpt_tp_plan());
+    const auto tp_group = mesh.group("tp");
+    const LossFn vocab_parallel = [&tp_group](const at::Tensor& logits, const at::Tensor& target) {
+      return tp::cross_entropy(logits.to(at::kFloat), target, tp_group);
+    };
+    auto traffic_step = [&](const std::function<void()>& step, const std::function<void()>& after = {}) {
+      const auto before = tp_group->traffic();
+      step();
+      const auto now = tp_group->traffic();
+      if (!loop.timed) return;
+      r.tp_wait.push_back(now.wait_s - before.wait_s);
+      r.tp_bytes.push_back(static_cast<double>(now.bytes - before.bytes));
+      r.tp_collectives.push_back(static_cast<double>(now.collectives - before.collectives));
+      if (after) after();
+    };
+    if (mesh.size("dp") == 1) {
+      auto opt = make_sgd(net->parameters());
+      loop.run([&] {
+        traffic_step([&] { plain_step(o, loop, opt, scaler_ptr, y, [&] { return net->forward(x); }, vocab_parallel); });
+      });
+      r.model_state = model_state_bytes(*net, opt);
+    } else {
+      const auto low = autocast_dtype(o);
+      fsdp::FullyShardedDataParallel model(
+          net, mesh.group("dp"),
+          fsdp::FullyShardOptions()
+              .auto_wrap(fsdp::AutoWrapPolicy())
+              .mixed_precision(fsdp::MixedPrecisionPolicy().param_dtype(low).reduce_dtype(low)));
+      auto opt = make_sgd(model->shard_parameters());
+      loop.run([&] {
+        const fsdp::CommWaits before = model->comm_waits();
+        traffic_step(
+            [&] {
+              plain_step(o, loop, Stepper(opt, nullptr, nullptr), scaler_ptr, y, [&] { return model->forward(x); },
+                         vocab_parallel);
+            },
+            [&] {
+              const fsdp::CommWaits after = model->comm_waits();
+              r.exposed_gather.push_back(after.all_gather_s - before.all_gather_s);
+              r.exposed_reduce_scatter.push_back(after.reduce_scatter_s - before.reduce_scatter_s);
+            });
+      });
+      const auto m = model->memory();
+      r.model_state = std::array<int64_t, 3>{m.parameter_shards, m.gradient_shards, zero::optimizer_state_bytes(opt)};
+    }
   } else if (o.strategy == "accelerate" || o.strategy == "accelerate-zero1" || o.strategy == "accelerate-zero2") {
     const Precision precision =
         o.precision == "bf16" ? Precision::Bf16 : (o.precision == "fp16" ? Precision::Fp16 : Precision::No);
@@ -536,6 +604,14 @@ std::optional<std::string> unsupported(const Options& o, const comm::World& worl
   if (std::find(entry.precisions.begin(), entry.precisions.end(), o.precision) == entry.precisions.end()) {
     return o.strategy + " does not support --precision " + o.precision;
   }
+  if (auto refusal = bench::table_refusal(entry, o.model, world.world_size); !refusal.empty()) return refusal;
+  if (const int tp = bench::tp_group_size(entry, world.world_size); tp > 1) {
+    const auto c = bench::gpt_config(o.scale);
+    if (c.heads % tp != 0 || c.vocab % tp != 0) {
+      return o.strategy + " cuts the GPT's " + std::to_string(c.heads) + " heads and " + std::to_string(c.vocab) +
+             " classes over " + std::to_string(tp) + " ranks: they do not divide";
+    }
+  }
   if (o.cuda()) {
     if (!built_with_cuda()) return std::string("this tandem-bench-worker was built without CUDA");
     const int gpus = comm::cuda_device_count();
@@ -615,7 +691,7 @@ int main(int argc, char** argv) {
     // Every strategy in the same allocator state, `single` (no Tandem wrapper) included; FSDP in the
     // one it sets itself (Note [Host allocator]).
     const HostAllocatorSetting& allocator = tune_host_allocator(
-        o.strategy == "fsdp" ? HostAllocatorPolicy::ReturnLarge : HostAllocatorPolicy::KeepFreed);
+        o.strategy == "fsdp" || o.strategy == "fsdp+tp" ? HostAllocatorPolicy::ReturnLarge : HostAllocatorPolicy::KeepFreed);
     if (o.cuda()) comm::bind_cuda_device(world.local_rank);
     auto pg = comm::ProcessGroup::create(world, comm::ProcessGroupOptions().use_nccl(o.cuda()));
 
@@ -683,6 +759,12 @@ int main(int argc, char** argv) {
       if (!r.exposed_gather.empty()) {  // rank 0's, as the phases
         record["exposed_gather_p50_s"] = percentile(r.exposed_gather, 0.5);
         record["exposed_reduce_scatter_p50_s"] = percentile(r.exposed_reduce_scatter, 0.5);
+      }
+      if (o.entry().tp_size != 0) {  // rank 0's TP group, per timed step (Note [TP traffic])
+        record["tp_size"] = bench::tp_group_size(o.entry(), world.world_size);
+        record["tp_comm_p50_s"] = percentile(r.tp_wait, 0.5);
+        record["tp_comm_bytes"] = static_cast<int64_t>(percentile(r.tp_bytes, 0.5));
+        record["tp_collectives"] = static_cast<int64_t>(percentile(r.tp_collectives, 0.5));
       }
       record["peak_mem_bytes"] = peak;
       record["mem_kind"] = mem_kind;

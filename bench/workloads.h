@@ -10,9 +10,11 @@
 //           tiny V=128 T=16 d=32 L=1 heads=2; cpu V=4096 T=64 d=192 L=4 heads=6;
 //           full V=8192 T=256 d=512 L=8 heads=8
 //
-// Every model's forward takes one tensor and returns one (DataParallel needs that); the loss is
-// cross entropy over the output flattened to [-1, classes] against the target flattened to [-1]
-// (a classifier's [B,10] / [B] unchanged; the GPT's [B,T,V] / [B,T]).
+// The GPT's layers that tensor parallelism cuts are tandem::nn::Hookable (gpt_tp_plan); under the
+// other strategies a Hookable only calls its layer. Every model's forward takes one tensor and
+// returns one (DataParallel needs that); the loss is cross entropy over the output flattened to
+// [-1, classes] against the target flattened to [-1] (a classifier's [B,10] / [B] unchanged; the
+// GPT's [B,T,V] / [B,T]).
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -30,6 +32,8 @@
 
 #include "tandem/error.h"
 #include "tandem/fsdp/unit.h"
+#include "tandem/nn/hookable.h"
+#include "tandem/tp/style.h"
 
 namespace tandem::bench {
 
@@ -142,30 +146,40 @@ inline GptConfig gpt_config(const std::string& scale) {
   return {8192, 256, 512, 8, 8};
 }
 
-/// Pre-LN: x + proj(causal attention(ln1(x))), then x + fc2(gelu(fc1(ln2(x)))).
+/// A layer a tensor-parallel plan can cut (gpt_tp_plan): the plain layer under every other strategy.
+template <typename Layer>
+tandem::nn::Hookable cuttable(Layer layer) {
+  return tandem::nn::Hookable(std::move(layer));
+}
+
+/// Pre-LN: x + proj(causal attention(ln1(x))), then x + fc2(gelu(fc1(ln2(x)))). q, k and v are
+/// separate layers (one fused qkv would mix them when cut by columns, as torchtitan keeps them).
 struct GptBlockImpl : torch::nn::Module {
   GptBlockImpl(int64_t dim, int64_t heads)
-      : heads(heads),
+      : head_dim(dim / heads),
         ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
-        qkv(register_module("qkv", torch::nn::Linear(dim, 3 * dim))),
-        proj(register_module("proj", torch::nn::Linear(dim, dim))),
+        q(register_module("q", cuttable(torch::nn::Linear(dim, dim)))),
+        k(register_module("k", cuttable(torch::nn::Linear(dim, dim)))),
+        v(register_module("v", cuttable(torch::nn::Linear(dim, dim)))),
+        proj(register_module("proj", cuttable(torch::nn::Linear(dim, dim)))),
         ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
-        fc1(register_module("fc1", torch::nn::Linear(dim, 4 * dim))),
-        fc2(register_module("fc2", torch::nn::Linear(4 * dim, dim))) {}
+        fc1(register_module("fc1", cuttable(torch::nn::Linear(dim, 4 * dim)))),
+        fc2(register_module("fc2", cuttable(torch::nn::Linear(4 * dim, dim)))) {}
   at::Tensor forward(const at::Tensor& x) {
-    const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-    // [B,T,3d] -> [3,B,heads,T,d/heads]
-    auto parts = qkv(ln1(x)).view({b, t, 3, heads, d / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
-    at::Tensor y = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], /*attn_mask=*/{},
-                                                    /*dropout_p=*/0.0, /*is_causal=*/true);
-    at::Tensor h = x + proj(y.transpose(1, 2).reshape({b, t, d}));
+    const int64_t b = x.size(0), t = x.size(1);
+    // [B,T,d] -> [B,heads,T,d/heads]: as many heads as q gives (heads / tp of them under TP).
+    auto split = [&](const at::Tensor& y) { return y.view({b, t, -1, head_dim}).transpose(1, 2); };
+    const at::Tensor normed = ln1(x);
+    at::Tensor y = at::scaled_dot_product_attention(split(q(normed)), split(k(normed)), split(v(normed)),
+                                                    /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+    at::Tensor h = x + proj(y.transpose(1, 2).reshape({b, t, -1}));
     return h + fc2(at::gelu(fc1(ln2(h))));
   }
-  int64_t heads;
+  int64_t head_dim;
   torch::nn::LayerNorm ln1;
-  torch::nn::Linear qkv, proj;
+  tandem::nn::Hookable q, k, v, proj;
   torch::nn::LayerNorm ln2;
-  torch::nn::Linear fc1, fc2;
+  tandem::nn::Hookable fc1, fc2;
 };
 TORCH_MODULE(GptBlock);
 
@@ -173,14 +187,14 @@ TORCH_MODULE(GptBlock);
 // their own, as torchtitan shards them; under the other strategies a Unit only calls its module.
 struct GptImpl : torch::nn::Module {
   explicit GptImpl(const GptConfig& c)
-      : tok_emb(register_module("tok_emb", tandem::fsdp::Unit(torch::nn::Embedding(c.vocab, c.dim)))),
+      : tok_emb(register_module("tok_emb", tandem::fsdp::Unit(cuttable(torch::nn::Embedding(c.vocab, c.dim))))),
         pos_emb(register_module("pos_emb", torch::nn::Embedding(c.context, c.dim))),
         blocks(register_module("blocks", torch::nn::Sequential())),
         ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
-        head(register_module("head", tandem::fsdp::Unit(torch::nn::Linear(c.dim, c.vocab)))) {
+        head(register_module("head", tandem::fsdp::Unit(cuttable(torch::nn::Linear(c.dim, c.vocab))))) {
     for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(GptBlock(c.dim, c.heads));
   }
-  /// tokens [B,T] (T <= context) -> logits [B,T,V]
+  /// tokens [B,T] (T <= context) -> logits [B,T,V] (under gpt_tp_plan: [B,T,V/tp], this rank's classes)
   at::Tensor forward(const at::Tensor& tokens) {
     at::Tensor positions = at::arange(tokens.size(1), tokens.options().dtype(at::kLong));
     at::Tensor h = tok_emb(tokens) + pos_emb(positions);
@@ -193,6 +207,18 @@ struct GptImpl : torch::nn::Module {
   tandem::fsdp::Unit head;
 };
 TORCH_MODULE(Gpt);
+
+/// Megatron's plan for the GPT (tiny_gpt's, and peer.py's parallelize_module plan): the embedding
+/// by vocabulary rows, attention by heads (q, k, v by columns, proj by rows), the MLP by its
+/// hidden features, the head by classes, kept cut for the vocab-parallel loss. The norms, the
+/// position embedding and the residual stream stay whole on every rank. Heads and the vocabulary
+/// must divide by the group's size.
+inline tandem::tp::Plan gpt_tp_plan() {
+  namespace tp = tandem::tp;
+  return {{"tok_emb", tp::RowwiseParallel()},     {"blocks.*.[qkv]", tp::ColwiseParallel()},
+          {"blocks.*.proj", tp::RowwiseParallel()}, {"blocks.*.fc1", tp::ColwiseParallel()},
+          {"blocks.*.fc2", tp::RowwiseParallel()},  {"head", tp::ColwiseParallel()}};
+}
 
 // ---- data and loss -----------------------------------------------------------------------------
 

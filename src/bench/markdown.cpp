@@ -190,6 +190,40 @@ void render_fsdp_step(const Analysis& analysis, bool backends, std::ostringstrea
         "cores. DDP's exposed reduce is its synced step minus its no_sync step (the all-reduce not hidden).\n";
 }
 
+// Tensor parallelism's own communication: the TP group's collectives per step, beside the same
+// model's DDP row at the same world size (what the batch-parallel alternative costs), and the
+// model state each rank holds (what TP saves).
+void render_tensor_parallel(const Analysis& analysis, bool backends, std::ostringstream& md) {
+  if (std::none_of(analysis.rows.begin(), analysis.rows.end(), [](const Row& r) { return !r.tp_comm_ms.empty(); })) {
+    return;
+  }
+  md << "\n### Tensor parallelism: its collectives per step (rank 0, medians)\n\n"
+        "| model | strategy | devices | TP group | step ms | collectives | MiB through them | ms blocked in them "
+        "| share of step | model state MiB/rank | DDP's step ms | DDP's exposed comm ms | DDP's model state MiB/rank |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  auto state = [](const Row& r) {
+    return r.state_params_MB.empty() ? std::string("–")
+                                     : num(r.state_params_MB.median + r.state_grads_MB.median + r.state_optimizer_MB.median, 2);
+  };
+  for (const auto& r : analysis.rows) {
+    if (r.tp_comm_ms.empty()) continue;
+    const Row* ddp = find_row(analysis.rows, r.model, r.impl, "ddp", r.world, r.nodes, r.backend);
+    const std::string share =
+        r.p50_ms.empty() || r.p50_ms.median <= 0 ? "–" : num(100.0 * r.tp_comm_ms.median / r.p50_ms.median, 0) + " %";
+    md << "| " << r.model << " | " << label(r, backends) << " | " << devices(r) << " | " << r.tp_size << " | "
+       << median(r.p50_ms, 1) << " | " << median(r.tp_collectives, 0) << " | " << median(r.tp_comm_MB, 2) << " | "
+       << median(r.tp_comm_ms, 1) << " | " << share << " | " << state(r) << " | "
+       << (ddp ? median(ddp->p50_ms, 1) : "–") << " | " << (ddp ? median(ddp->exposed_comm_ms, 1) : "–") << " | "
+       << (ddp ? state(*ddp) : "–") << " |\n";
+  }
+  md << "\nA tensor-parallel layer waits for its collective before the next one can start (the activations, "
+        "forward, and their gradients, backward, cross the TP group at every cut layer), so the time blocked in "
+        "them is all exposed; it grows with the batch, while DDP's gradient all-reduce grows with the model and "
+        "overlaps backward. What TP buys is memory: each rank holds 1/TP of the cut layers' parameters, "
+        "gradients and optimizer state, and of their activations. MiB through them counts each collective's "
+        "whole buffer (the sweep's convention).\n";
+}
+
 std::string describe_machine(const Results& results) {
   const auto& m = results.machine;
   std::string text = m.value("cpu", std::string("unknown CPU"));
@@ -266,6 +300,7 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
   render_backends(analysis, md);
   render_model_state(analysis, backends, md);
   render_fsdp_step(analysis, backends, md);
+  render_tensor_parallel(analysis, backends, md);
 
   md << "\n## Recommendation\n\n";
   if (analysis.recommendations.empty()) md << "Nothing to recommend: no model has a one-device baseline.\n";

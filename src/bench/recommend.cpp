@@ -15,6 +15,13 @@ namespace tandem::bench {
 //    primary replica is the usual loser). Smaller memory differences are noise in a peak RSS.
 // 3. The paragraph quotes the throughputs, the scaling efficiency, the busiest device's peak
 //    memory against the others', and the exposed communication: the table's own numbers.
+// 4. Tensor parallelism competes by the same rules: it pays for speed only where it wins rule 1
+//    (every cut layer waits for its collective, so its communication is all exposed and grows with
+//    the batch: it needs large layers and a fast link), and for memory where rule 2 gives it the
+//    tie or where the others do not fit at all (then they have no row). Whatever the verdict, the
+//    paragraph says for each TP row what it paid, the share of its step blocked in its TP
+//    collectives and their bytes, and what it bought, its model state per rank against the
+//    winner's (or one device's): the two numbers that decide whether it pays elsewhere.
 
 namespace {
 
@@ -31,6 +38,38 @@ double busiest_MB(const Row& r) {
   double m = r.mem_primary_MB.empty() ? 0 : r.mem_primary_MB.median;
   if (!r.mem_others_MB.empty() && r.mem_others_MB.median > m) m = r.mem_others_MB.median;
   return m;
+}
+
+double state_MB(const Row& r) {
+  if (r.state_params_MB.empty()) return 0;
+  return r.state_params_MB.median + r.state_grads_MB.median + r.state_optimizer_MB.median;
+}
+
+// Rule 4's account of a TP row: " (TP group of 2: 43 % of its step blocked in 120 TP collectives,
+// 8.1 MiB per step; 12 MiB of model state per rank against ddp's 24)"; "" for other rows.
+std::string tensor_parallel_account(const Row& r, const Row* against, const std::vector<Row>& rows) {
+  if (r.tp_comm_ms.empty() || r.p50_ms.empty() || r.p50_ms.median <= 0) return "";
+  std::string text = " (TP group of " + std::to_string(r.tp_size) + ": " +
+                     fmt("%.0f", 100.0 * r.tp_comm_ms.median / r.p50_ms.median) + " % of its step blocked in " +
+                     fmt("%.0f", r.tp_collectives.empty() ? 0.0 : r.tp_collectives.median) + " TP collectives, " +
+                     fmt("%.1f", r.tp_comm_MB.empty() ? 0.0 : r.tp_comm_MB.median) + " MiB per step";
+  if (state_MB(r) > 0 && against && against != &r && state_MB(*against) > 0) {
+    text += "; " + fmt("%.1f", state_MB(r)) + " MiB of model state per rank against " + strategy_name(*against, rows) +
+            "'s " + fmt("%.1f", state_MB(*against));
+  }
+  return text + ")";
+}
+
+// The close of rule 4 when TP ran but lost: when it would pay.
+std::string tensor_parallel_verdict(const std::vector<const Row*>& candidates, const Row* winner) {
+  for (const Row* c : candidates) {
+    if (c != winner && !c->tp_comm_ms.empty()) {
+      return "; tensor parallelism pays where its memory saving decides (a model whose state or activations do "
+             "not fit one device) or where a faster link makes its per-layer collectives cheaper than the "
+             "throughput it gives up here";
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -96,7 +135,15 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
         if (!best->exposed_comm_ms.empty()) {
           why += ", its step waits " + fmt("%.1f", best->exposed_comm_ms.median) + " ms for gradient sync";
         }
+        why += tensor_parallel_account(*best, nullptr, rows);
         why += ": more devices do not pay for themselves on this machine";
+        for (const Row* c : candidates) {
+          if (c != best && !c->tp_comm_ms.empty()) {
+            why += "; " + strategy_name(*c, rows) + " " + fmt("%.2f", c->samples_per_s.median / base) + "x one device" +
+                   tensor_parallel_account(*c, nullptr, rows);
+          }
+        }
+        why += tensor_parallel_verdict(candidates, nullptr);
       }
     } else {
       rec.strategy = best->strategy;
@@ -108,9 +155,18 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
         why += ", " + fmt("%.1f", best->exposed_comm_ms.median) + " ms of exposed gradient sync per step";
       }
       why += ", busiest device " + fmt("%.0f", busiest_MB(*best)) + " MiB";
+      if (!best->tp_comm_ms.empty()) {
+        // The row with the most model state per rank is what TP's saving is measured against.
+        const Row* fullest = nullptr;
+        for (const Row* c : candidates) {
+          if (c != best && state_MB(*c) > 0 && (!fullest || state_MB(*c) > state_MB(*fullest))) fullest = c;
+        }
+        why += tensor_parallel_account(*best, fullest, rows) + ": tensor parallelism pays here";
+      }
       for (const Row* c : candidates) {
         if (c == best) continue;
         why += "; " + strategy_name(*c, rows) + " " + fmt("%.2f", c->samples_per_s.median / best->samples_per_s.median) + "x";
+        why += tensor_parallel_account(*c, best, rows);
         if (!c->mem_primary_MB.empty() && !c->mem_others_MB.empty() &&
             c->mem_primary_MB.median > c->mem_others_MB.median * 1.1) {
           why += " with its primary at " + fmt("%.0f", c->mem_primary_MB.median) + " MiB against " +
@@ -118,6 +174,7 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
         }
       }
     }
+    if (rec.strategy != one_device) why += tensor_parallel_verdict(candidates, best);
     rec.why = why;
     out.push_back(std::move(rec));
   }

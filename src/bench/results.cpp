@@ -118,6 +118,10 @@ Run run_from_record(const json& record) {
   }
   r.exposed_gather_s = field_or<double>(record, "exposed_gather_p50_s", -1, where);
   r.exposed_reduce_scatter_s = field_or<double>(record, "exposed_reduce_scatter_p50_s", -1, where);
+  r.tp_size = field_or<int>(record, "tp_size", 0, where);
+  r.tp_comm_s = field_or<double>(record, "tp_comm_p50_s", -1, where);
+  r.tp_comm_bytes = field_or<int64_t>(record, "tp_comm_bytes", -1, where);
+  r.tp_collectives = field_or<int64_t>(record, "tp_collectives", -1, where);
   r.allreduce_p50_s = field_or<double>(record, "allreduce_p50_s", 0, where);
   r.flat_allreduce_p50_s = field_or<double>(record, "flat_allreduce_p50_s", 0, where);
   if (record.contains("sweep")) {
@@ -155,6 +159,12 @@ json to_json(const Run& r) {
     for (const auto& [peak, units] : r.step_transient) {
       j["step_transient_bytes"].push_back({{"peak", peak}, {"two_largest_units", units}});
     }
+  }
+  if (r.tp_size > 0) {
+    j["tp_size"] = r.tp_size;
+    j["tp_comm_p50_s"] = r.tp_comm_s;
+    j["tp_comm_bytes"] = r.tp_comm_bytes;
+    j["tp_collectives"] = r.tp_collectives;
   }
   if (r.exposed_gather_s >= 0) {
     j["exposed_gather_p50_s"] = r.exposed_gather_s;

@@ -45,6 +45,12 @@ struct Run {
   /// Under fsdp, rank 0: host time blocked per step on all-gathers and on reduce-scatters, p50
   /// (Note [Exposed communication] in src/fsdp/engine.cpp); < 0: not recorded.
   double exposed_gather_s = -1, exposed_reduce_scatter_s = -1;
+  /// Under tensor parallelism, rank 0's TP group per timed step: the host time blocked in its
+  /// collectives (p50), their buffers' bytes and their count (Note [TP traffic] in
+  /// bench/worker.cpp); tp_size 0 and the others < 0: not recorded.
+  int tp_size = 0;
+  double tp_comm_s = -1;
+  int64_t tp_comm_bytes = -1, tp_collectives = -1;
   double allreduce_p50_s = 0, flat_allreduce_p50_s = 0;
   std::vector<SweepPoint> sweep;
   std::string unsupported;        // set: this combination does not exist; no timings

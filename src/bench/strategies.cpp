@@ -121,6 +121,39 @@ std::vector<Strategy> make_table() {
   fsdp.colour = "#882255";
   fsdp.colour_mpi = "#CC6677";
 
+  // Tensor parallelism on the GPT (gpt_tp_plan in bench/workloads.h, the loss vocab-parallel); each
+  // TP group trains one batch of batch-per-device x its size (the same samples per device as the
+  // others, so samples/s compare). PyTorch's parallelize_module (DTensor, on Gloo too) is the peer.
+  // Communication: the TP group's collectives, counted and timed per step (Note [TP traffic] in
+  // bench/worker.cpp).
+  Strategy& tp = add("tp", Role::Compared, Launch::Ranks);
+  tp.summary = "tensor parallelism: every layer of the GPT cut over all ranks (Megatron's plan), one batch";
+  tp.label = "Tandem TP";
+  tp.peer = "tp";
+  tp.peer_label = "PyTorch TP";
+  tp.pytorch = true;
+  tp.by_default = false;
+  tp.precisions = {"fp32", "bf16"};
+  tp.model_state = true;
+  tp.models = {"large"};
+  tp.tp_size = kTpWorld;
+  tp.colour = "#661100";
+  tp.colour_mpi = "#AA4466";
+
+  Strategy& fsdp_tp = add("fsdp+tp", Role::Compared, Launch::Ranks, Worlds::AboveOne);
+  fsdp_tp.summary = "FSDP across tensor-parallel pairs: a 2-D mesh (world/2 x tp 2), the GPT only";
+  fsdp_tp.label = "Tandem FSDP+TP";
+  fsdp_tp.peer = "fsdp+tp";
+  fsdp_tp.peer_label = "PyTorch FSDP2+TP";
+  fsdp_tp.pytorch = true;
+  fsdp_tp.by_default = false;
+  fsdp_tp.precisions = {"fp32", "bf16"};
+  fsdp_tp.model_state = true;
+  fsdp_tp.models = {"large"};
+  fsdp_tp.tp_size = 2;
+  fsdp_tp.colour = "#6699CC";
+  fsdp_tp.colour_mpi = "#004488";
+
   // The Accelerator's loop with its zero_stage option: what a user of tandem::Accelerator runs.
   // accelerate's own ZeRO is DeepSpeed's plugin, which needs DeepSpeed: no peer here either.
   for (const char* stage : {"1", "2"}) {
@@ -220,6 +253,23 @@ std::string normal_backend(const std::string& strategy, const std::string& backe
   return backend.empty() ? "gloo" : backend;
 }
 
+int tp_group_size(const Strategy& s, int world) {
+  if (s.tp_size == kTpWorld) return world;
+  return s.tp_size > 0 ? s.tp_size : 1;
+}
+
+std::string table_refusal(const Strategy& s, const std::string& model, int world) {
+  if (!s.models.empty() && std::find(s.models.begin(), s.models.end(), model) == s.models.end()) {
+    return s.name + " has a plan for the " + join(s.models, ", ") + " model only, not " + model;
+  }
+  if (s.tp_size > 0 && (world % s.tp_size != 0 || world / s.tp_size < 2)) {
+    return s.name + " needs a 2-D mesh of at least two tensor-parallel groups of " + std::to_string(s.tp_size) +
+           ": a multiple of " + std::to_string(s.tp_size) + " ranks, at least " + std::to_string(2 * s.tp_size) +
+           " (got " + std::to_string(world) + ")";
+  }
+  return "";
+}
+
 nlohmann::json to_json(const Strategy& s) {
   static const char* roles[] = {"baseline", "compared", "peer-only", "support", "link"};
   static const char* launches[] = {"alone", "replicas", "ranks"};
@@ -244,7 +294,9 @@ nlohmann::json to_json(const Strategy& s) {
           {"buckets", s.buckets},
           {"model_state", s.model_state},
           {"by_default", s.by_default},
-          {"memory", memories[static_cast<int>(s.memory)]}};
+          {"memory", memories[static_cast<int>(s.memory)]},
+          {"models", s.models},
+          {"tp_size", s.tp_size}};
 }
 
 std::string join(const std::vector<std::string>& items, const std::string& separator) {

@@ -70,8 +70,15 @@ struct Strategy {
   bool buckets = false;      // its record carries DDP's bucket layout
   bool model_state = false;  // its record carries each rank's accounted model state (params, grads, optimizer)
   Memory memory = Memory::ProcessRss;
+  std::vector<std::string> models;  // the models it has a plan for (empty: every model)
+  /// Tensor parallelism: 0 none; kTpWorld the whole world one TP group; n > 0 TP groups of n
+  /// neighbouring ranks, FSDP across at least two of them (a 2-D mesh dp x tp). Its record carries
+  /// the TP group's traffic per step (the row's communication).
+  int tp_size = 0;
   std::string colour, colour_mpi;  // plots: Tandem's line (PyTorch's shares it) and its MPI twin's
 };
+
+constexpr int kTpWorld = -1;
 
 /// Every strategy, in the table's order: the baseline, the compared ones, the peer-only ones,
 /// then the supporting measurements.
@@ -99,6 +106,12 @@ bool multi_process(const std::string& strategy);
 
 /// "gloo" or "mpi" for a multi-process strategy (old records without one: "gloo"), "" otherwise.
 std::string normal_backend(const std::string& strategy, const std::string& backend);
+
+/// The size of `s`'s tensor-parallel groups at `world` ranks (1: no tensor parallelism).
+int tp_group_size(const Strategy& s, int world);
+/// Why `s` cannot run `model` at `world` ranks by the table alone (a model without a plan, a mesh
+/// the world does not make), or "". Both workers ask it (peer.py by the same rule).
+std::string table_refusal(const Strategy& s, const std::string& model, int world);
 
 /// The entry as JSON (enums by name): what `tandem-bench-worker --list-strategies` prints, one
 /// line per entry, for the tests that hold the workers to this table.

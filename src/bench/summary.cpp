@@ -126,13 +126,23 @@ std::vector<Row> summarize(const RunIndex& index) {
           const ByRepeat& no_sync = *no_sync_runs;
           // FSDP measures its own: the host time blocked on its collectives (rank 0's).
           const bool measured = first.exposed_gather_s >= 0;
+          // Tensor parallelism: its TP group's collectives block the step where they run (Note [TP
+          // traffic] in bench/worker.cpp), so all their time is exposed; FSDP's is added under fsdp+tp.
+          const bool tp_measured = first.tp_comm_s >= 0;
           auto exposed_s = [&](int k) -> std::optional<double> {
+            double tp_part = 0;
+            if (tp_measured) {
+              auto t = at(runs, k, [](const Run& r) { return r.tp_comm_s; });
+              if (!t || *t < 0) return std::nullopt;
+              tp_part = *t;
+            }
             if (measured) {
               auto g = at(runs, k, [](const Run& r) { return r.exposed_gather_s; });
               auto rs = at(runs, k, [](const Run& r) { return r.exposed_reduce_scatter_s; });
               if (!g || !rs || *g < 0 || *rs < 0) return std::nullopt;
-              return *g + *rs;
+              return *g + *rs + tp_part;
             }
+            if (tp_measured) return tp_part;
             if (!over_ddp) return 0.0;
             auto s = at(synced, k, [](const Run& r) { return r.p50_s; });
             auto n = at(no_sync, k, [](const Run& r) { return r.p50_s; });
@@ -152,7 +162,19 @@ std::vector<Row> summarize(const RunIndex& index) {
             row.exposed_gather_ms = ms(&Run::exposed_gather_s);
             row.exposed_reduce_scatter_ms = ms(&Run::exposed_reduce_scatter_s);
           }
-          if (over_ddp || measured) {
+          if (tp_measured) {
+            row.tp_size = first.tp_size;
+            row.tp_comm_ms = ms(&Run::tp_comm_s);
+            row.tp_comm_MB = over_repeats(runs, [](int, const Run& r) -> std::optional<double> {
+              if (r.tp_comm_bytes < 0) return std::nullopt;
+              return static_cast<double>(r.tp_comm_bytes) / kMiB;
+            });
+            row.tp_collectives = over_repeats(runs, [](int, const Run& r) -> std::optional<double> {
+              if (r.tp_collectives < 0) return std::nullopt;
+              return static_cast<double>(r.tp_collectives);
+            });
+          }
+          if (over_ddp || measured || tp_measured) {
             row.exposed_comm_ms = over_repeats(runs, [&](int k, const Run&) -> std::optional<double> {
               auto e = exposed_s(k);
               return e ? std::optional<double>(*e * 1e3) : std::nullopt;

@@ -32,9 +32,11 @@ struct Row {
   Stat samples_per_s_device; // per device
   Stat p50_ms, p95_ms;
   Stat scaling_efficiency;   // per-device throughput / the same implementation's single device
-  Stat exposed_comm_ms;      // synced step - no_sync step (DDP and its wrapper); fsdp: the two below summed
+  Stat exposed_comm_ms;      // synced step - no_sync step (DDP and its wrapper); fsdp: the two below summed; tp: tp_comm_ms (+ FSDP's)
   Stat exposed_gather_ms, exposed_reduce_scatter_ms;  // fsdp, rank 0: host time blocked on them per step
   Stat forward_ms, backward_ms, optimizer_ms;          // rank 0's phases
+  int tp_size = 0;           // tensor parallelism: ranks per TP group (0: none)
+  Stat tp_comm_ms, tp_comm_MB, tp_collectives;         // its TP group's collectives per step, rank 0: time blocked, bytes, count
   Stat sync_busbw_GBps;      // the gradient's all-reduce in DDP's buckets: bytes/t * 2(n-1)/n
   Stat compute_ms, other_ms; // step breakdown: one device's step, and what is neither it nor exposed comm
   Stat mem_primary_MB;       // peak memory of device 0 (DataParallel's primary replica; rank 0)

@@ -219,11 +219,22 @@ uint64_t ProcessGroup::last_sequence_number() const {
   return last_seq_;
 }
 
+ProcessGroup::Traffic ProcessGroup::traffic() const {
+  std::lock_guard<std::mutex> hold(calls_mutex_);
+  return traffic_;
+}
+
 CollectiveCall ProcessGroup::begin(CollectiveKind kind, const at::Tensor* tensor, int64_t detail) {
   CollectiveCall call;
   {
     std::lock_guard<std::mutex> hold(calls_mutex_);
     call = CollectiveCall::of(++last_seq_, kind, tensor, detail);
+    ++traffic_.collectives;
+    if (tensor) {
+      // The whole buffer: an all-gather's input is one rank's part of it.
+      const bool part = kind == CollectiveKind::AllGather || kind == CollectiveKind::AllGatherInto;
+      traffic_.bytes += static_cast<int64_t>(tensor->nbytes()) * (part ? size() : 1);
+    }
   }
   if (debug_level_ == DebugLevel::Detail && size() > 1) {
     try {
@@ -296,6 +307,7 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
   // CPU. A host wait with a timeout would block the CPU on every bucket, and in c10d >= 2.5 it
   // polls the CUDA event in a busy loop. CPU backends have no watchdog: there wait() is the timeout.
   const bool cuda = detail::is_nccl_work(*work);  // asked of the work: a call may be unremembered
+  const auto start = std::chrono::steady_clock::now();
   try {
     if (cuda) {
       work->wait();
@@ -305,6 +317,9 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
   } catch (const std::exception& e) {
     throw failure(what, call.get(), e);
   }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::lock_guard<std::mutex> hold(calls_mutex_);
+  traffic_.wait_s += waited;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(at::Tensor& tensor, ReduceOp op) {

@@ -145,5 +145,90 @@ TEST(Recommend, OneDeviceWhenMoreDoNotPay) {
   EXPECT_NE(recs[0].why.find("do not pay for themselves"), std::string::npos) << recs[0].why;
 }
 
+// The fixture's ddp runs again as `strategy` with tensor parallelism's figures: steps `slower`
+// times ddp's, `tp_ms` blocked in 40 TP collectives of 6 MiB per step, the RSS `rss_MiB` on each
+// rank, half of ddp's model state per rank (ddp's: 4 + 4 + 4 MiB).
+Results with_tensor_parallel(const std::string& strategy, double slower, double tp_ms, double rss_MiB) {
+  auto results = test::fixture();
+  const int64_t MiB = 1024 * 1024;
+  std::vector<Run> added;
+  for (auto& r : results.runs) {
+    if (r.impl != "tandem" || r.strategy != "ddp") continue;
+    r.model_state = {{4 * MiB, 4 * MiB, 4 * MiB}, {4 * MiB, 4 * MiB, 4 * MiB}};
+    Run tp = r;
+    tp.strategy = strategy;
+    tp.p50_s = r.p50_s * slower;
+    tp.tp_size = 2;
+    tp.tp_comm_s = tp_ms / 1e3;
+    tp.tp_comm_bytes = 6 * MiB;
+    tp.tp_collectives = 40;
+    tp.peak_mem_bytes = {rss_MiB * MiB, rss_MiB * MiB};
+    tp.model_state = {{2 * MiB, 2 * MiB, 2 * MiB}, {2 * MiB, 2 * MiB, 2 * MiB}};
+    added.push_back(tp);
+  }
+  results.runs.insert(results.runs.end(), added.begin(), added.end());
+  return results;
+}
+
+TEST(Summary, TensorParallelCommunicationIsItsTpGroupsTime) {
+  auto results = with_tensor_parallel("tp", 1.0, 30, 100);
+  for (auto& r : results.runs) {  // fsdp+tp: FSDP's exposed waits are added to the TP group's
+    if (r.strategy == "tp" && r.repeat == 1) {
+      bench::Run both = r;
+      both.strategy = "fsdp+tp";
+      both.exposed_gather_s = 0.002;
+      both.exposed_reduce_scatter_s = 0.003;
+      results.runs.push_back(both);
+      break;
+    }
+  }
+  const auto rows = summarize(RunIndex(results));
+  const Row& tp = row(rows, "tandem", "tp", 2);
+  EXPECT_EQ(tp.tp_size, 2);
+  EXPECT_DOUBLE_EQ(tp.tp_comm_ms.median, 30);
+  EXPECT_DOUBLE_EQ(tp.exposed_comm_ms.median, 30);  // all exposed: no no_sync twin is asked for
+  EXPECT_DOUBLE_EQ(tp.tp_comm_MB.median, 6);
+  EXPECT_DOUBLE_EQ(tp.tp_collectives.median, 40);
+  EXPECT_DOUBLE_EQ(tp.state_params_MB.median, 2);
+  const Row& both = row(rows, "tandem", "fsdp+tp", 2);
+  EXPECT_DOUBLE_EQ(both.exposed_comm_ms.median, 35);
+  EXPECT_DOUBLE_EQ(both.exposed_gather_ms.median, 2);
+  // The DDP row keeps DDP's own figure: synced - no_sync, medians of 15 and 18.75 ms.
+  EXPECT_NEAR(row(rows, "tandem", "ddp", 2).exposed_comm_ms.median, 16.875, 1e-9);
+}
+
+TEST(Recommend, TensorParallelismThatLosesSaysWhatItPaidAndWhatItBought) {
+  // tp at 0.6x ddp's speed, 45 % of its step in its collectives (ddp's median step: 140.625 ms).
+  const auto rows = summarize(RunIndex(with_tensor_parallel("tp", 1.0 / 0.6, 0.45 * 140.625 / 0.6, 100)));
+  const auto recs = recommend(rows, {"small"});
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0].strategy, "ddp");
+  const std::string& why = recs[0].why;
+  EXPECT_NE(why.find("tp 0.60x (TP group of 2: 45 % of its step blocked in 40 TP collectives, 6.0 MiB per step; "
+                     "6.0 MiB of model state per rank against ddp's 12.0)"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("tensor parallelism pays where its memory saving decides"), std::string::npos) << why;
+}
+
+TEST(Recommend, TensorParallelismWinsATieOnMemoryAndSaysItPays) {
+  // As fast as ddp within 5 % (0.97x), 30 % less on its busiest device.
+  const auto rows = summarize(RunIndex(with_tensor_parallel("tp", 1.0 / 0.97, 10, 70)));
+  const auto recs = recommend(rows, {"small"});
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0].strategy, "tp");
+  EXPECT_NE(recs[0].why.find("against ddp's 12.0): tensor parallelism pays here"), std::string::npos)
+      << recs[0].why;
+  EXPECT_EQ(recs[0].why.find("pays where its memory saving decides"), std::string::npos) << recs[0].why;
+}
+
+TEST(Recommend, TensorParallelismThatIsFastestIsRecommended) {
+  const auto rows = summarize(RunIndex(with_tensor_parallel("tp", 0.5, 5, 100)));
+  const auto recs = recommend(rows, {"small"});
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0].strategy, "tp");
+  EXPECT_NE(recs[0].why.find("tensor parallelism pays here"), std::string::npos) << recs[0].why;
+}
+
 }  // namespace
 }  // namespace tandem::bench

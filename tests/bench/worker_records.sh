@@ -77,6 +77,15 @@ done
 run tandem 1 large accelerate --precision bf16
 run pytorch 1 large accelerate --precision fp16
 run tandem 1 medium dp-persistent --precision bf16 --replicas 2
+# Tensor parallelism has a plan for the GPT alone (the rotation above gives it the others, which it
+# refuses): one TP group of 1 and of 2 ranks, bf16 through the cut layers, and FSDP across TP pairs
+# on a 2 x 2 mesh.
+for impl in tandem pytorch; do
+  run "$impl" 1 large tp
+  run "$impl" 2 large tp
+  run "$impl" 4 large fsdp+tp
+done
+run tandem 2 large tp --precision bf16
 # --min-seconds: the ranks agree on more steps than --steps when those would take less time. Three
 # warm-up steps: the count comes from the last one, past DDP's first-iteration work.
 for impl in tandem pytorch; do
@@ -112,7 +121,7 @@ errors, counts = [], {}
 table = {e["name"]: e for e in map(json.loads, open(os.path.join(d, "strategies.jsonl")))}
 
 
-def model_state_ok(r, strategy, precision, ranks):
+def model_state_ok(r, strategy, precision, ranks, impl):
     """Accounted model state, one entry per rank. DDP and ZeRO-1: the whole parameters and gradients
     on each, optimizer state (SGD momentum) of every parameter, or under ZeRO-1 of the rank's share:
     the shares add up to the whole (fp16 may skip every step of so short a run while the scale finds
@@ -125,6 +134,15 @@ def model_state_ok(r, strategy, precision, ranks):
         return False
     grads = sum(m["grads"] for m in states)
     optimizer = sum(m["optimizer"] for m in states)
+    tp = tp_group(table[strategy], ranks)
+    if tp > 1:
+        # The ranks' gradients add up to one TP group's: the cut layers once, the whole ones (norms,
+        # position embedding) on each of its ranks; FSDP's shards of them add up the same. Under tp
+        # alone Tandem's gradients are its parameters' size; PyTorch's of the row-cut embedding is
+        # whole on each rank (Replicate), larger.
+        same = (lambda m: m["params"] == m["grads"]) if impl == "tandem" else (lambda m: m["params"] <= m["grads"])
+        return (r["grad_bytes"] < grads < tp * r["grad_bytes"] and optimizer == grads and
+                (strategy != "tp" or all(same(m) for m in states)))
     if strategy == "fsdp":
         return (grads == r["grad_bytes"] and r["grad_bytes"] <= sum(m["params"] for m in states) < 2 * r["grad_bytes"]
                 and (precision == "fp16" or optimizer == r["grad_bytes"]))
@@ -140,9 +158,18 @@ def model_state_ok(r, strategy, precision, ranks):
 
 
 
-def expect_unsupported(impl, nproc, strategy, flags):
+def tp_group(entry, nproc):
+    return nproc if entry["tp_size"] == -1 else max(entry["tp_size"], 1)
+
+
+def expect_unsupported(impl, nproc, strategy, flags, model):
     entry = table[strategy]
     if entry["launch"] != "ranks" and nproc > 1:
+        return True
+    # The table's own refusals: a model without a plan, a 2-D mesh the world does not make.
+    if entry["models"] and model not in entry["models"]:
+        return True
+    if entry["tp_size"] > 0 and (nproc % entry["tp_size"] or nproc // entry["tp_size"] < 2):
         return True
     if not entry[impl]:  # the table's "tandem" / "pytorch": which worker measures it
         return True
@@ -174,7 +201,7 @@ for line in open(os.path.join(d, "plan.tsv")):
     for k, v in head.items():
         if r.get(k) != v:
             errors.append(f"{what}: {k} is {r.get(k)!r}, expected {v!r}")
-    if expect_unsupported(impl, nproc, strategy, flags):
+    if expect_unsupported(impl, nproc, strategy, flags, model):
         if set(r) != set(HEAD) | {"unsupported"}:
             errors.append(f"{what}: expected exactly the unsupported record, got keys {sorted(r)}")
         elif not isinstance(r["unsupported"], str) or not r["unsupported"] or "\n" in r["unsupported"]:
@@ -215,11 +242,18 @@ for line in open(os.path.join(d, "plan.tsv")):
         "mem_kind (the table's memory)": r["mem_kind"] == entry["memory"],
         # Accounted model state where the table says (model_state_ok).
         "model_state_bytes exactly where the table's model_state": ("model_state_bytes" in r) == entry["model_state"]
-            and (not entry["model_state"] or model_state_ok(r, strategy, precision, ranks)),
+            and (not entry["model_state"] or model_state_ok(r, strategy, precision, ranks, impl)),
         # FSDP's host time blocked on its collectives, per step (a step's waits fit in it).
-        "exposed_gather_p50_s and exposed_reduce_scatter_p50_s exactly for Tandem's fsdp, within the step":
-            all((k in r) == (impl == "tandem" and strategy == "fsdp") and 0 <= r.get(k, 0) <= r["p50_s"]
+        "exposed_gather_p50_s and exposed_reduce_scatter_p50_s exactly for Tandem's fsdp and fsdp+tp, within the step":
+            all((k in r) == (impl == "tandem" and strategy in ("fsdp", "fsdp+tp")) and 0 <= r.get(k, 0) <= r["p50_s"]
                 for k in ("exposed_gather_p50_s", "exposed_reduce_scatter_p50_s")),
+        # Tensor parallelism's TP group per step: its size, time within the step, and at more than one
+        # rank some collectives and bytes.
+        "tp_size, tp_comm_p50_s, tp_comm_bytes, tp_collectives exactly for Tandem's TP entries":
+            all((k in r) == (impl == "tandem" and entry["tp_size"] != 0)
+                for k in ("tp_size", "tp_comm_p50_s", "tp_comm_bytes", "tp_collectives")) and
+            ("tp_size" not in r or (r["tp_size"] == tp_group(entry, nproc) and 0 <= r["tp_comm_p50_s"] <= r["p50_s"]
+                                    and (r["tp_size"] == 1 or (r["tp_collectives"] > 0 and r["tp_comm_bytes"] > 0)))),
         "versions.torch": isinstance(r["versions"], dict) and r["versions"].get("torch"),
         "versions.accelerate on the peer's accelerate": (impl != "pytorch" or strategy != "accelerate") or
             bool(r["versions"].get("accelerate")),

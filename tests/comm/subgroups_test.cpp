@@ -76,6 +76,31 @@ TEST(Subgroups, SplitByParityTranslatesRanksAndReducesWithinTheGroup) {
   group->barrier();
 }
 
+// traffic(): each collective counted once, with the bytes of its whole buffer, and the host time
+// of its waits; a group's own, untouched by the world group's calls.
+TEST(Subgroups, TrafficCountsEachCollectiveAndItsWholeBuffer) {
+  auto group = pg().split(0, "traffic");
+  ASSERT_TRUE(group);
+  const int64_t n = group->size();
+  EXPECT_EQ(group->traffic().collectives, 0u);
+  EXPECT_EQ(group->traffic().bytes, 0);
+  at::Tensor sum = at::ones({5}, at::kFloat);  // 20 bytes
+  group->all_reduce(sum);
+  at::Tensor part = at::ones({3}, at::kDouble), whole = at::empty({3 * n}, at::kDouble);  // 24 n bytes
+  group->all_gather_into(whole, part);
+  at::Tensor input = at::ones({2 * n}, at::kFloat), slice = at::empty({2}, at::kFloat);  // 8 n bytes
+  group->reduce_scatter(slice, input);
+  (void)group->all_gather(at::ones({1}, at::kLong));  // 8 n bytes
+  group->barrier();  // no buffer
+  at::Tensor world_sum = at::ones({1000}, at::kFloat);
+  pg().all_reduce(world_sum);  // the world group's, not this one's
+  const auto traffic = group->traffic();
+  EXPECT_EQ(traffic.collectives, 5u);
+  EXPECT_EQ(traffic.bytes, 20 + 24 * n + 8 * n + 8 * n);
+  EXPECT_GE(traffic.wait_s, 0.0);
+  EXPECT_EQ(traffic.collectives, group->last_sequence_number());
+}
+
 TEST(Subgroups, NegativeColorJoinsNoGroup) {
   auto group = pg().split(R() == 0 ? -1 : 7, "not_zero");
   if (R() == 0) {

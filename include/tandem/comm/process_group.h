@@ -130,6 +130,19 @@ class ProcessGroup {
   /// The sequence number of the last collective issued (0 before the first).
   uint64_t last_sequence_number() const;
 
+  /// What this group's collectives have carried since it was made (point-to-point messages not
+  /// counted): how many were issued, the bytes of the buffer each is about (an all-reduce's or a
+  /// broadcast's tensor, a reduce-scatter's whole input, an all-gather's whole output: the
+  /// convention of `tandem bench`'s sweep), and the host time spent in wait(). On CPU backends
+  /// wait() blocks until the collective is done, so that is the time a caller lost to them; on
+  /// CUDA it only orders a stream (Note [Stream-ordered waits]) and says little.
+  struct Traffic {
+    uint64_t collectives = 0;
+    int64_t bytes = 0;
+    double wait_s = 0;
+  };
+  Traffic traffic() const;
+
   /// The c10d backend that serves tensors on `device` (Gloo or MPI for CPU, NCCL for CUDA).
   const c10::intrusive_ptr<c10d::Backend>& backend_for(const c10::Device& device) const;
 
@@ -234,6 +247,7 @@ class ProcessGroup {
   std::mutex issue_mutex_;          // collectives may be issued from autograd threads too
   mutable std::mutex calls_mutex_;
   uint64_t last_seq_ = 0;
+  mutable Traffic traffic_;         // under calls_mutex_
   mutable std::deque<std::pair<const c10d::Work*, std::shared_ptr<detail::CollectiveCall>>> in_flight_;
   mutable std::string first_failure_;  // asked once: later failures of the same outage reuse it
   mutable uint64_t first_failure_seq_ = 0;
