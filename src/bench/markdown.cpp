@@ -172,6 +172,7 @@ void render_fsdp_step(const Analysis& analysis, bool backends, std::ostringstrea
   md << "\n### FSDP's step by phase (ms, rank 0, medians)\n\n"
         "| model | strategy | devices | step | forward | backward | optimizer | exposed all-gather | exposed reduce |\n"
         "|---|---|---|---|---|---|---|---|---|\n";
+  std::set<const Row*> shown;
   for (const auto& r : analysis.rows) {
     if (r.exposed_gather_ms.empty()) continue;
     auto line = [&](const Row& x, const std::string& gather, const std::string& reduce) {
@@ -179,7 +180,9 @@ void render_fsdp_step(const Analysis& analysis, bool backends, std::ostringstrea
          << median(x.forward_ms, 1) << " | " << median(x.backward_ms, 1) << " | " << median(x.optimizer_ms, 1) << " | "
          << gather << " | " << reduce << " |\n";
     };
-    if (const Row* ddp = find_row(analysis.rows, r.model, r.impl, "ddp", r.world, r.nodes, r.backend)) {
+    // DDP's row once, before the first sharded row of its model and world (fsdp, fsdp+tp).
+    if (const Row* ddp = find_row(analysis.rows, r.model, r.impl, "ddp", r.world, r.nodes, r.backend);
+        ddp && shown.insert(ddp).second) {
       line(*ddp, "–", median(ddp->exposed_comm_ms, 1));
     }
     line(r, median(r.exposed_gather_ms, 1), median(r.exposed_reduce_scatter_ms, 1));
@@ -220,8 +223,10 @@ void render_tensor_parallel(const Analysis& analysis, bool backends, std::ostrin
         "forward, and their gradients, backward, cross the TP group at every cut layer), so the time blocked in "
         "them is all exposed; it grows with the batch, while DDP's gradient all-reduce grows with the model and "
         "overlaps backward. What TP buys is memory: each rank holds 1/TP of the cut layers' parameters, "
-        "gradients and optimizer state, and of their activations. MiB through them counts each collective's "
-        "whole buffer (the sweep's convention).\n";
+        "gradients and optimizer state. A TP group trains one batch of TP x the per-device batch, so a rank's "
+        "activations of the cut layers are as large as a DDP rank's, and those of the layers left whole (the "
+        "residual stream, the norms) TP times larger. MiB through them counts each collective's whole buffer "
+        "(the sweep's convention).\n";
 }
 
 std::string describe_machine(const Results& results) {

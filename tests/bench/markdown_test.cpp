@@ -175,6 +175,54 @@ TEST(Markdown, FsdpStepByPhaseBesideDdp) {
   EXPECT_FALSE(has(render_markdown(plain, analyze(plain)), "FSDP's step by phase"));
 }
 
+// Tensor parallelism's own table: its TP group's collectives per step beside DDP's step and model
+// state; fsdp+tp also in FSDP's step table, under the one DDP line of its world.
+TEST(Markdown, TensorParallelCollectivesBesideDdp) {
+  auto results = test::fixture();
+  const int64_t MiB = 1024 * 1024;
+  std::vector<bench::Run> added;
+  for (auto& r : results.runs) {
+    if (r.impl != "tandem" || r.strategy != "ddp" || r.world != 2) continue;
+    r.model_state = {{4 * MiB, 4 * MiB, 4 * MiB}, {4 * MiB, 4 * MiB, 4 * MiB}};
+    bench::Run tp = r;
+    tp.strategy = "tp";
+    tp.p50_s = 0.200;
+    tp.tp_size = 2;
+    tp.tp_comm_s = 0.050;
+    tp.tp_comm_bytes = 3 * MiB;
+    tp.tp_collectives = 28;
+    tp.model_state = {{2 * MiB, 2 * MiB, 2 * MiB}, {2 * MiB, 2 * MiB, 2 * MiB}};
+    added.push_back(tp);
+    bench::Run both = tp;
+    both.strategy = "fsdp+tp";
+    both.exposed_gather_s = 0.004;
+    both.exposed_reduce_scatter_s = 0.006;
+    added.push_back(both);
+    bench::Run fsdp = both;
+    fsdp.strategy = "fsdp";
+    fsdp.tp_size = 0;
+    fsdp.tp_comm_s = -1;
+    added.push_back(fsdp);
+  }
+  ASSERT_FALSE(added.empty());
+  results.runs.insert(results.runs.end(), added.begin(), added.end());
+  const auto md = render_markdown(results, analyze(results));
+  EXPECT_TRUE(has(md, "### Tensor parallelism: its collectives per step (rank 0, medians)")) << md;
+  // ddp: steps 125 and 156.25 ms, exposed 15 and 18.75 ms.
+  EXPECT_TRUE(has(md, "| small | Tandem TP | 2 | 2 | 200.0 | 28 | 3.00 | 50.0 | 25 % | 6.00 | 140.6 | 16.9 | 12.00 |")) << md;
+  EXPECT_TRUE(has(md, "| small | Tandem FSDP+TP | 2 | 2 | 200.0 | 28 | 3.00 | 50.0 | 25 % |")) << md;
+  const auto fsdp_table = md.find("### FSDP's step by phase");
+  ASSERT_NE(fsdp_table, std::string::npos) << md;
+  const auto ddp_line = md.find("| small | Tandem ddp | 2 |", fsdp_table);
+  ASSERT_NE(ddp_line, std::string::npos) << md;
+  EXPECT_EQ(md.find("| small | Tandem ddp | 2 |", ddp_line + 1), md.find("| small | Tandem ddp | 2 |", md.find("### Tensor")))
+      << "DDP's line appears twice in FSDP's step table: " << md;
+  const auto back = results_from_json(to_json(results), "tp");
+  EXPECT_EQ(render_markdown(back, analyze(back)), md);
+  const auto plain = test::fixture();
+  EXPECT_FALSE(has(render_markdown(plain, analyze(plain)), "### Tensor parallelism"));
+}
+
 TEST(Markdown, ComparisonOfTwoRuns) {
   const auto a = test::fixture();
   auto b = a;
