@@ -1,6 +1,7 @@
 // tandem-frontier-worker: one probe of `tandem bench --memory-budget` (Note [Memory frontier] in
 // src/bench/frontier.cpp). Trains the GPT of bench/workloads.h at the given shape for a few steps
-// with Adam under one strategy, through the Accelerator (what a user runs), and rank 0 appends one
+// with Adam under one strategy (tp and fsdp+tp: tensor parallelism by the plan of
+// bench::gpt_tp_plan), through the Accelerator (what a user runs), and rank 0 appends one
 // JSON record: parameters, tokens/s over the timed steps, the largest peak RSS of the ranks.
 // bench/frontier_peer.py is its PyTorch twin (FSDP2 + checkpoint_wrapper), same flags, same record.
 #include <sys/resource.h>
@@ -23,6 +24,7 @@
 #include "tandem/fsdp/options.h"
 #include "tandem/host_allocator.h"
 #include "tandem/nn/checkpoint_policy.h"
+#include "tandem/tp/loss_parallel.h"
 
 namespace {
 
@@ -41,7 +43,7 @@ int run(int argc, char** argv) {
   int64_t batch = 4;
   int steps = 3;
   app.add_option("--strategy", strategy)
-      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "fsdp", "fsdp-checkpoint"}))->required();
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "fsdp", "fsdp-checkpoint", "tp", "fsdp+tp"}))->required();
   app.add_option("--vocab", c.vocab)->check(CLI::PositiveNumber)->required();
   app.add_option("--context", c.context)->check(CLI::PositiveNumber)->required();
   app.add_option("--dim", c.dim)->check(CLI::PositiveNumber)->required();
@@ -58,8 +60,15 @@ int run(int argc, char** argv) {
   // the strategies are compared at their smallest footprint, not at glibc's keep-freed cache.
   tune_host_allocator(HostAllocatorPolicy::ReturnLarge);
   auto pg = comm::ProcessGroup::create(comm::World::from_env());
+  // tp: every process one tensor-parallel group (DDP over the rest: none); fsdp+tp: pairs, FSDP
+  // across them. A TP group trains batch x its size sequences, so every strategy processes the
+  // same tokens per process (tandem-bench-worker's rule).
+  const int tp = strategy == "tp" ? pg->size() : strategy == "fsdp+tp" ? 2 : 1;
+  TANDEM_CHECK(c.heads % tp == 0 && c.vocab % tp == 0 && pg->size() % tp == 0, strategy, " cuts ", c.heads,
+               " heads and ", c.vocab, " classes over ", tp, " of ", pg->size(), " processes: they do not divide");
   const bool fsdp = strategy.rfind("fsdp", 0) == 0;
   auto options = AcceleratorOptions().progress(false).seed(0).strategy(fsdp ? Strategy::Fsdp : Strategy::Ddp);
+  if (tp > 1) options.parallelism(ParallelismConfig().tp_size(tp));
   if (strategy == "zero1") options.zero_stage(1);
   if (strategy == "zero2") options.zero_stage(2);
   // The GPT's embedding and head are units already, and the Accelerator auto-wraps only a model
@@ -70,16 +79,20 @@ int run(int argc, char** argv) {
   bench::Gpt net(c);
   int64_t params = 0;
   for (const auto& p : net->parameters()) params += p.numel();
-  auto model = acc.prepare_model(net);
+  auto model = tp > 1 ? acc.prepare_model(net, bench::gpt_tp_plan()) : acc.prepare_model(net);
   torch::optim::Adam adam(model->parameters(), 1e-4);
   acc.prepare_optimizer(adam);
-  auto [x, y] = bench::synthetic_batch_gpt(c, batch, 1000 + static_cast<uint64_t>(pg->rank()));
+  auto [x, y] = bench::synthetic_batch_gpt(c, batch * tp, 1000 + static_cast<uint64_t>(pg->rank() / tp));
+  const auto tp_group = acc.tensor_parallel_group();
+  auto loss_of = [&](const at::Tensor& logits) {
+    return tp > 1 ? tp::cross_entropy(logits.to(at::kFloat), y, tp_group) : bench::loss_of(logits, y);
+  };
 
   std::chrono::steady_clock::time_point start;
   for (int step = 0; step < steps; ++step) {
     if (step == 1) start = std::chrono::steady_clock::now();  // step 0 is warm-up
     acc.zero_grad(adam);
-    acc.backward(bench::loss_of(model->forward(x), y));
+    acc.backward(loss_of(model->forward(x)));
     acc.step(adam);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -95,8 +95,29 @@ FamilyMember family_member(const std::string& scale, int index) {
 }
 
 const std::vector<std::string>& frontier_strategies() {
+  static const std::vector<std::string> names{"ddp", "zero1", "zero2", "fsdp", "fsdp-checkpoint", "tp", "fsdp+tp"};
+  return names;
+}
+
+const std::vector<std::string>& frontier_default_strategies() {
   static const std::vector<std::string> names{"ddp", "zero1", "zero2", "fsdp", "fsdp-checkpoint"};
   return names;
+}
+
+std::string frontier_refusal(const std::string& strategy, const std::string& scale, int world) {
+  // As the comparison's table says (strategies.cpp): tp over every process, fsdp+tp over pairs.
+  const int tp = strategy == "tp" ? world : strategy == "fsdp+tp" ? 2 : 1;
+  if (tp == 1) return "";
+  if (strategy == "fsdp+tp" && (world % 2 != 0 || world < 4)) {
+    return "fsdp+tp needs a 2-D mesh of at least two tensor-parallel pairs: an even --nproc of at least 4 (got " +
+           std::to_string(world) + ")";
+  }
+  const FamilyMember m = family_member(scale, 0);  // every member has the same heads and vocabulary
+  if (m.heads % tp != 0 || m.vocab % tp != 0) {
+    return strategy + " cuts the " + scale + " family's " + std::to_string(m.heads) + " heads and " +
+           std::to_string(m.vocab) + " classes over " + std::to_string(tp) + " processes: they do not divide";
+  }
+  return "";
 }
 
 int64_t parse_memory_budget(const std::string& text) {
@@ -390,7 +411,8 @@ std::string render_frontier_markdown(const nlohmann::json& results) {
          << ") | " << next.value("failure", std::string()) << " |\n";
     }
   }
-  // The two comparisons the frontier is for: checkpointing against plain FSDP, Tandem against PyTorch.
+  // The comparisons the frontier is for: checkpointing against plain FSDP, Tandem against PyTorch,
+  // tensor parallelism against the strategy it extends.
   auto find = [&](const std::string& impl, const std::string& strategy) -> const nlohmann::json* {
     for (const auto& row : results.at("rows")) {
       if (row.at("impl") == impl && row.at("strategy") == strategy) return &row;
@@ -419,6 +441,9 @@ std::string render_frontier_markdown(const nlohmann::json& results) {
   md << "\n";
   compare(find("tandem", "fsdp-checkpoint"), find("tandem", "fsdp"));
   compare(find("tandem", "fsdp-checkpoint"), find("pytorch", kFrontierPeer));
+  // Where tensor parallelism pays for memory: against the batch-parallel strategy it extends.
+  compare(find("tandem", "tp"), find("tandem", "ddp"));
+  compare(find("tandem", "fsdp+tp"), find("tandem", "fsdp"));
   // Throughput at equal size: the members both searches trained (a larger model is slower).
   if (const auto *a = find("tandem", "fsdp-checkpoint"), *b = find("pytorch", kFrontierPeer); a && b) {
     std::map<int, double> theirs;
@@ -445,7 +470,8 @@ std::string render_frontier_markdown(const nlohmann::json& results) {
        << m.value("vocab", 0) << " | " << m.value("context", 0) << " | " << m.value("batch", 0) << " | "
        << millions(m.value("params", 0.0)) << " |\n";
   }
-  md << "\nNot measured: tensor and pipeline parallelism (not built in Tandem yet). RSS and the cgroup's charge "
+  md << "\nTensor parallelism (tp, fsdp+tp) trains TP x the batch per TP group: the same tokens per process as "
+        "the others. Not measured: pipeline parallelism (not built in Tandem yet). RSS and the cgroup's charge "
         "differ (docs/benchmarks.md, \"Memory frontier\"): a member can fit with a peak RSS above the budget.\n";
   if (results.contains("plot_note") && !results.at("plot_note").get<std::string>().empty()) {
     md << "\nPlot: " << results.at("plot_note").get<std::string>() << "\n";

@@ -23,8 +23,14 @@ struct FamilyMember {
 int family_size(const std::string& scale);
 FamilyMember family_member(const std::string& scale, int index);
 
-/// What --memory-budget measures: Tandem's strategies, and PyTorch's peer.
+/// What --memory-budget can measure: Tandem's strategies, and PyTorch's peer.
 const std::vector<std::string>& frontier_strategies();
+/// What it measures unless --strategies names others: the batch-parallel ones (tp and fsdp+tp by
+/// name: each is another search of the family).
+const std::vector<std::string>& frontier_default_strategies();
+/// Why `strategy` cannot run the family of `scale` at `world` processes (tensor parallelism: the
+/// heads, the vocabulary and the mesh must divide), or "".
+std::string frontier_refusal(const std::string& strategy, const std::string& scale, int world);
 constexpr const char* kFrontierPeer = "fsdp2-checkpoint";
 
 /// "6442450944", "6G", "512M", "1536MiB" -> bytes (K, M, G: powers of 1024). Throws tandem::Error

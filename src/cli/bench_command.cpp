@@ -67,13 +67,13 @@ int run_frontier(const bench::BenchConfig& config, const Flags& flags) {
   bench::FrontierConfig fc;
   fc.budget = bench::parse_memory_budget(flags.memory_budget);
   const auto& allowed = bench::frontier_strategies();
-  fc.strategies = allowed;
+  fc.strategies = bench::frontier_default_strategies();
   if (flags.strategies_given) {
     fc.strategies.clear();
     std::stringstream in(flags.strategies);
     for (std::string s; std::getline(in, s, ',');) {
       TANDEM_CHECK(std::find(allowed.begin(), allowed.end(), s) != allowed.end(), "--memory-budget measures ",
-                   bench::join(allowed, ", "), " (tensor and pipeline parallelism are not built yet), not '", s, "'");
+                   bench::join(allowed, ", "), " (pipeline parallelism is not built yet), not '", s, "'");
       fc.strategies.push_back(s);
     }
   }
@@ -86,6 +86,10 @@ int run_frontier(const bench::BenchConfig& config, const Flags& flags) {
   TANDEM_CHECK(config.device == "cpu", "--memory-budget measures CPU processes (a GPU's memory is not a cgroup's)");
   fc.scale = flags.scale.empty() ? "cpu" : flags.scale;
   TANDEM_CHECK(fc.scale != "full", "--memory-budget: --scale tiny or cpu (the full family is for GPUs)");
+  for (const auto& s : fc.strategies) {
+    const std::string refusal = bench::frontier_refusal(s, fc.scale, fc.world);
+    TANDEM_CHECK(refusal.empty(), "--memory-budget: ", refusal);
+  }
   if (flags.steps_given) fc.steps = std::max(2, config.steps);
   fc.timeout_s = flags.timeout_s;
   fc.out = flags.out;
