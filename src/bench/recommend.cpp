@@ -140,7 +140,7 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
         for (const Row* c : candidates) {
           if (c != best && !c->tp_comm_ms.empty()) {
             why += "; " + strategy_name(*c, rows) + " " + fmt("%.2f", c->samples_per_s.median / base) + "x one device" +
-                   tensor_parallel_account(*c, nullptr, rows);
+                   tensor_parallel_account(*c, best, rows);
           }
         }
         why += tensor_parallel_verdict(candidates, nullptr);

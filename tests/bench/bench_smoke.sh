@@ -97,7 +97,7 @@ if [[ $part == tp ]]; then
              '\| PyTorch FSDP2\+TP \| 4 \| [0-9]' \
              '^\| large \| Tandem TP \| 2 \| 2 \| [0-9.]+ \| [1-9][0-9]* \| [0-9.]+ \| [0-9.]+ \| [0-9]+ % \|' \
              '^\| large \| Tandem FSDP\+TP \| 4 \| 2 \| [0-9.]+ \| [1-9][0-9]* \|' \
-             '^- \*\*large: .*fsdp\+tp [0-9.]+x \(TP group of 2: [0-9]+ % of its step blocked in [1-9][0-9]* TP collectives' \
+             '^- \*\*large: .*fsdp\+tp [0-9.]+x( one device)? \(TP group of 2: [0-9]+ % of its step blocked in [1-9][0-9]* TP collectives' \
              '^- tandem tp \(4 devices\): tp cuts the GPT.s 2 heads and 128 classes over 4 ranks'; do
     grep -qE "$row" "$md" || { cat "$md"; echo "FAIL: tandem bench --strategies ...,tp,fsdp+tp: no line matching $row"; exit 1; }
   done
