@@ -481,6 +481,21 @@ std::string render_frontier_markdown(const nlohmann::json& results) {
   return md.str();
 }
 
+std::optional<std::string> rerender_frontier(const std::string& dir) {
+  nlohmann::json results;
+  try {
+    results = nlohmann::json::parse(read_text_file(dir + "/results.json"));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (!results.is_object() || results.value("kind", std::string()) != "memory-frontier") return std::nullopt;
+  const PlotOutcome plots = draw_gnuplot_plots(dir, {frontier_plot(dir, results)});
+  results["plot_note"] = plots.note;
+  std::string md = render_frontier_markdown(results);
+  write_text_file(dir + "/results.md", md);
+  return md;
+}
+
 int run_memory_frontier(const Tools& tools, const FrontierConfig& config, const std::string& command) {
   MemoryCgroup cgroup;  // first: no writable cgroup is a one-line error before anything is written
   Runner runner{tools, config, cgroup, launch::install_path("libexec/tandem/tandem-frontier-worker"),

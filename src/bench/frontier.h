@@ -3,6 +3,7 @@
 // trains with every process under that memory budget, and its throughput (Note [Memory frontier]
 // in frontier.cpp; docs/benchmarks.md, "Memory frontier").
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,5 +94,10 @@ int run_memory_frontier(const Tools& tools, const FrontierConfig& config, const 
 
 /// results.md's table and notes from a frontier run's results.json content.
 std::string render_frontier_markdown(const nlohmann::json& results);
+
+/// `tandem report DIR` on a memory-frontier folder: its results.md (and frontier.png) drawn again
+/// from its results.json; the markdown. Nothing, when DIR holds no frontier's results.json (the
+/// comparison's reader then says what is wrong).
+std::optional<std::string> rerender_frontier(const std::string& dir);
 
 }  // namespace tandem::bench

@@ -1,8 +1,9 @@
-// `tandem report DIR` re-renders a bench folder from its results.json; `tandem report A B`
-// compares two runs (docs/benchmarks.md).
+// `tandem report DIR` re-renders a bench folder from its results.json (a comparison's, or a memory
+// frontier's); `tandem report A B` compares two comparison runs (docs/benchmarks.md).
 #include <cstdio>
 #include <memory>
 
+#include "bench/frontier.h"
 #include "bench/markdown.h"
 #include "bench/report.h"
 #include "cli/commands.h"
@@ -18,6 +19,11 @@ Command add_report_command(CLI::App& app) {
   return [dirs, out]() -> int {
     if (dirs->size() == 1) {
       const auto& dir = dirs->front();
+      if (auto frontier = bench::rerender_frontier(dir)) {  // a `tandem bench --memory-budget` folder
+        std::fputs(frontier->c_str(), stdout);
+        std::fprintf(stderr, "tandem report: wrote %s/results.md\n", dir.c_str());
+        return 0;
+      }
       auto written = bench::write_report(dir, bench::load_results(dir));
       std::fputs(written.markdown.c_str(), stdout);
       std::fprintf(stderr, "tandem report: wrote");
