@@ -662,6 +662,60 @@ TEST(AcceleratorTensorParallel, HsdpOverTheRestEqualsOneProcess) {
                                            tandem::ParallelismConfig().replicate_size(2).shard_size(1).tp_size(2));
 }
 
+// fp16 under tensor parallelism: the scaler's overflow check covers every rank's gradient pieces.
+// An inf in one rank's piece of a cut layer (the other rank of its pair has no inf) skips the
+// step on every rank and halves the scale on every rank; the step before and after it train.
+TEST(AcceleratorTensorParallel, Fp16OverflowInOneRanksPieceSkipsTheStepEverywhere) {
+  if (W() % 2 != 0) GTEST_SKIP() << "tp_size 2 takes an even number of processes";
+  tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions()
+                                           .strategy(tandem::Strategy::Ddp)
+                                           .mixed_precision(tandem::Precision::Fp16)
+                                           // A scale the model's gradients never overflow at: only the
+                                           // planted inf skips a step.
+                                           .scaler(tandem::amp::GradScalerOptions().init_scale(64))
+                                           .parallelism(tandem::ParallelismConfig().tp_size(2))
+                                           .progress(false));
+  auto model = acc.prepare_model(make_gpt(), megatron_plan());
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  acc.prepare_optimizer(opt);
+  ASSERT_NE(acc.scaler(), nullptr);
+  auto weights = [&] {
+    std::vector<at::Tensor> out;
+    for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
+    return out;
+  };
+  auto same = [](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!at::equal(a[i], b[i])) return false;
+    }
+    return true;
+  };
+  const int dp_rank = acc.data_parallel_rank();
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = batch(2, 480 + static_cast<uint64_t>(10 * step + dp_rank));
+    const auto before = weights();
+    const double scale = acc.scaler()->get_scale();
+    acc.backward(tp::cross_entropy(model->forward(x), y, acc.tensor_parallel_group()));
+    if (step == 1 && R() == 1) {  // rank 1 alone: its piece of one cut weight overflows
+      for (const auto& item : model->named_parameters()) {
+        if (item.key().find("fc1.weight") != std::string::npos && item.value().grad().defined()) {
+          item.value().grad().view(-1)[0] = std::numeric_limits<float>::infinity();
+          break;
+        }
+      }
+    }
+    acc.step(opt);
+    acc.zero_grad(opt);
+    const bool skipped = same(before, weights());
+    EXPECT_EQ(skipped, step == 1) << "step " << step << " on rank " << R();
+    EXPECT_EQ(acc.scaler()->get_scale(), step == 1 ? scale / 2 : scale) << "step " << step << " on rank " << R();
+    // Every rank agrees: the count of ranks that skipped is 0 or all of them.
+    at::Tensor skips = at::tensor({skipped ? 1.0 : 0.0}, at::kDouble);
+    pg().all_reduce(skips);
+    EXPECT_EQ(skips.item<double>(), step == 1 ? W() : 0.0) << "step " << step;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad plans: one line each, on every rank, no hang.
 
