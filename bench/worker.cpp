@@ -284,6 +284,16 @@ void plain_step(const Options& o, Loop& loop, Stepper opt, amp::GradScaler* scal
   loop.phase(loop.optimizer, [&] { opt.step(scaler); });
 }
 
+/// The worker's FSDP (fsdp, fsdp+tp): every Sequential entry a unit (the large model's blocks), the
+/// rest the root unit. Under bf16/fp16 the units gather, compute and reduce in it, as the
+/// Accelerator and the peer's FSDP2 do.
+fsdp::FullyShardOptions fsdp_options(const Options& o) {
+  const auto low = autocast_dtype(o);
+  return fsdp::FullyShardOptions()
+      .auto_wrap(fsdp::AutoWrapPolicy())
+      .mixed_precision(fsdp::MixedPrecisionPolicy().param_dtype(low).reduce_dtype(low));
+}
+
 std::optional<amp::GradScaler> make_scaler(const Options& o) {
   // No process group: torch.amp.GradScaler (the peer's) does not all-reduce found-inf either.
   if (o.precision == "fp16") return std::make_optional<amp::GradScaler>();
@@ -363,15 +373,8 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     // ZeRO-2 keeps only this rank's gradient slices between steps (the buckets live while reduced).
     if (flat) (*r.model_state)[1] = flat->shard_numel() * static_cast<int64_t>(at::elementSize(at::kFloat));
   } else if (o.strategy == "fsdp") {
-    // Every Sequential entry a unit (the large model's blocks); the rest is the root unit. Under
-    // bf16/fp16 the units gather, compute and reduce in it, as the Accelerator and the peer's FSDP2 do.
     net->to(device);
-    const auto low = autocast_dtype(o);
-    fsdp::FullyShardedDataParallel model(
-        net, pg,
-        fsdp::FullyShardOptions()
-            .auto_wrap(fsdp::AutoWrapPolicy())
-            .mixed_precision(fsdp::MixedPrecisionPolicy().param_dtype(low).reduce_dtype(low)));
+    fsdp::FullyShardedDataParallel model(net, pg, fsdp_options(o));
     auto opt = make_sgd(model->shard_parameters());
     loop.run([&] {
       const fsdp::CommWaits before = model->comm_waits();
@@ -421,12 +424,7 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
       });
       r.model_state = model_state_bytes(*net, opt);
     } else {
-      const auto low = autocast_dtype(o);
-      fsdp::FullyShardedDataParallel model(
-          net, mesh.group("dp"),
-          fsdp::FullyShardOptions()
-              .auto_wrap(fsdp::AutoWrapPolicy())
-              .mixed_precision(fsdp::MixedPrecisionPolicy().param_dtype(low).reduce_dtype(low)));
+      fsdp::FullyShardedDataParallel model(net, mesh.group("dp"), fsdp_options(o));
       auto opt = make_sgd(model->shard_parameters());
       loop.run([&] {
         const fsdp::CommWaits before = model->comm_waits();

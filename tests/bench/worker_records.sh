@@ -78,10 +78,9 @@ run tandem 1 large accelerate --precision bf16
 run pytorch 1 large accelerate --precision fp16
 run tandem 1 medium dp-persistent --precision bf16 --replicas 2
 # Tensor parallelism has a plan for the GPT alone (the rotation above gives it the others, which it
-# refuses): one TP group of 1 and of 2 ranks, bf16 through the cut layers, and FSDP across TP pairs
-# on a 2 x 2 mesh.
+# refuses): one TP group of 2 ranks, bf16 through the cut layers, and FSDP across TP pairs on a
+# 2 x 2 mesh.
 for impl in tandem pytorch; do
-  run "$impl" 1 large tp
   run "$impl" 2 large tp
   run "$impl" 4 large fsdp+tp
 done
