@@ -1,0 +1,78 @@
+#pragma once
+// Pipeline parallelism (PyTorch's torch.distributed.pipelining, docs/guide-pp.md): a model cut by
+// layers into stages, each stage on its own process of a pipeline group, microbatches in flight.
+// A Stage is this process's part of the model and its place in the pipeline; a Schedule
+// (tandem/pp/schedule.h) runs the microbatches through the stages.
+//
+//   // 4 processes, each one stage of a 4-stage pipeline:
+//   auto pg = tandem::comm::ProcessGroup::create(tandem::comm::World::from_env());
+//   torch::nn::Sequential part = my_layers_for(pg->rank());     // this stage's layers
+//   tandem::pp::Stage stage(part, pg->rank(), 4, pg);
+//   tandem::pp::Schedule1F1B schedule(stage, /*microbatches=*/8, cross_entropy);
+//   auto losses = schedule.step(x, y);  // x read on stage 0, y on stage 3; gradients on every stage
+//
+// Stage s runs on rank s of the group. Activations travel forward from stage s to s + 1 as one
+// message of their shape and dtype and one of their values; their gradients travel back, the
+// shape already known. A stage's module takes one tensor and returns one.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "tandem/comm/process_group.h"
+
+namespace tandem::pp {
+
+using Group = std::shared_ptr<comm::ProcessGroup>;
+
+class Stage {
+ public:
+  /// `module` (any module whose forward takes one tensor and returns one: a Sequential too) is
+  /// stage `index` of `num_stages`, on rank `index` of `group` (whose size is `num_stages`).
+  /// One-line tandem::Error for an index out of range, a group of another size or one where this
+  /// process is not rank `index`.
+  template <typename M>
+  Stage(torch::nn::ModuleHolder<M> module, int index, int num_stages, Group group)
+      : Stage(module.ptr(), [m = module.ptr()](const at::Tensor& x) -> at::Tensor { return m->forward(x); }, index,
+              num_stages, std::move(group)) {}
+  /// The same with the module and its forward apart.
+  Stage(std::shared_ptr<torch::nn::Module> module, std::function<at::Tensor(const at::Tensor&)> forward, int index,
+        int num_stages, Group group);
+
+  int index() const { return index_; }
+  int num_stages() const { return num_stages_; }
+  bool is_first() const { return index_ == 0; }
+  bool is_last() const { return index_ == num_stages_ - 1; }
+  comm::ProcessGroup& group() const { return *group_; }
+  /// This stage's module (for its parameters and the optimizer).
+  torch::nn::Module& module() { return *module_; }
+  /// The stage's forward on one microbatch.
+  at::Tensor forward(const at::Tensor& input) { return forward_(input); }
+
+  // The messages between neighbours (the schedules' building blocks).
+  /// Sends `activation` to the next stage (asynchronously: the work is kept until wait_sends()).
+  void send_activation(const at::Tensor& activation);
+  /// Receives the previous stage's activation, of the shape and dtype it announces.
+  at::Tensor recv_activation();
+  /// Sends `grad` (the gradient of this stage's input) to the previous stage (asynchronously).
+  void send_gradient(const at::Tensor& grad);
+  /// Receives the gradient of this stage's output `like` (its shape and dtype) from the next stage.
+  at::Tensor recv_gradient(const at::Tensor& like);
+  /// Waits for every send issued so far (their tensors are kept alive until then).
+  void wait_sends();
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  std::function<at::Tensor(const at::Tensor&)> forward_;
+  int index_, num_stages_;
+  Group group_;
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> sends_;
+};
+
+}  // namespace tandem::pp
