@@ -54,49 +54,64 @@ std::vector<at::Tensor> Schedule::step(const at::Tensor& inputs, const at::Tenso
   std::vector<at::Tensor> in(m), out(m), scaled(m), losses;
   for (const Action& a : actions_) {
     const int i = a.microbatch;
-    if (a.kind == Kind::Forward) {
-      at::Tensor x;
-      if (stage_.is_first()) {
-        x = xs[static_cast<size_t>(i)];
-      } else {
-        x = stage_.recv_activation();
-        TANDEM_CHECK(at::isFloatingType(x.scalar_type()), "pp: stage ", stage_.index(), " received a ",
-                     c10::toString(x.scalar_type()), " activation: what flows between stages must be floating point "
-                     "(its gradient flows back)");
-        x.requires_grad_(true);
-      }
-      at::Tensor y = stage_.forward(x);
-      if (stage_.is_last()) {
-        at::Tensor loss = loss_(y, ys[static_cast<size_t>(i)]);
-        TANDEM_CHECK(loss.numel() == 1, "pp: the loss function returned ", loss.numel(), " values, not one");
-        const double weight = options_.reduction() == at::Reduction::Mean
-                                  ? static_cast<double>(ys[static_cast<size_t>(i)].size(0)) / static_cast<double>(total)
-                                  : 1.0;
-        scaled[static_cast<size_t>(i)] = loss * weight;
-        losses.push_back(loss.detach());
-      } else {
-        stage_.send_activation(y);
-        out[static_cast<size_t>(i)] = y;
-      }
-      in[static_cast<size_t>(i)] = x;
-    } else {
-      if (stage_.is_last()) {
-        scaled[static_cast<size_t>(i)].backward();
-        scaled[static_cast<size_t>(i)] = at::Tensor();
-      } else {
-        const at::Tensor& y = out[static_cast<size_t>(i)];
-        torch::autograd::backward({y}, {stage_.recv_gradient(y)});
-        out[static_cast<size_t>(i)] = at::Tensor();
-      }
-      if (!stage_.is_first()) {
-        const at::Tensor& x = in[static_cast<size_t>(i)];
-        stage_.send_gradient(x.grad().defined() ? x.grad() : at::zeros_like(x));
-      }
-      in[static_cast<size_t>(i)] = at::Tensor();
+    // A failure names the stage, the action and the microbatch, led by the pipeline's first
+    // failure (Note [The first failed stage] in stage.cpp); the launcher stops the other stages.
+    try {
+      run(a, xs, ys, total, in, out, scaled, losses);
+    } catch (const std::exception& e) {
+      throw Error(stage_.explain_failure("pp: stage " + std::to_string(stage_.index()) + " failed in the " +
+                                         (a.kind == Kind::Forward ? "forward" : "backward") + " of microbatch " +
+                                         std::to_string(i) + ": " + one_line(e)));
     }
   }
   stage_.wait_sends();
   return losses;
+}
+
+void Schedule::run(const Action& a, const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& ys,
+                   int64_t total, std::vector<at::Tensor>& in, std::vector<at::Tensor>& out,
+                   std::vector<at::Tensor>& scaled, std::vector<at::Tensor>& losses) {
+  const int i = a.microbatch;
+  if (a.kind == Kind::Forward) {
+    at::Tensor x;
+    if (stage_.is_first()) {
+      x = xs[static_cast<size_t>(i)];
+    } else {
+      x = stage_.recv_activation();
+      TANDEM_CHECK(at::isFloatingType(x.scalar_type()), "pp: stage ", stage_.index(), " received a ",
+                   c10::toString(x.scalar_type()), " activation: what flows between stages must be floating point "
+                   "(its gradient flows back)");
+      x.requires_grad_(true);
+    }
+    at::Tensor y = stage_.forward(x);
+    if (stage_.is_last()) {
+      at::Tensor loss = loss_(y, ys[static_cast<size_t>(i)]);
+      TANDEM_CHECK(loss.numel() == 1, "pp: the loss function returned ", loss.numel(), " values, not one");
+      const double weight = options_.reduction() == at::Reduction::Mean
+                                ? static_cast<double>(ys[static_cast<size_t>(i)].size(0)) / static_cast<double>(total)
+                                : 1.0;
+      scaled[static_cast<size_t>(i)] = loss * weight;
+      losses.push_back(loss.detach());
+    } else {
+      stage_.send_activation(y);
+      out[static_cast<size_t>(i)] = y;
+    }
+    in[static_cast<size_t>(i)] = x;
+  } else {
+    if (stage_.is_last()) {
+      scaled[static_cast<size_t>(i)].backward();
+      scaled[static_cast<size_t>(i)] = at::Tensor();
+    } else {
+      const at::Tensor& y = out[static_cast<size_t>(i)];
+      torch::autograd::backward({y}, {stage_.recv_gradient(y)});
+      out[static_cast<size_t>(i)] = at::Tensor();
+    }
+    if (!stage_.is_first()) {
+      const at::Tensor& x = in[static_cast<size_t>(i)];
+      stage_.send_gradient(x.grad().defined() ? x.grad() : at::zeros_like(x));
+    }
+    in[static_cast<size_t>(i)] = at::Tensor();
+  }
 }
 
 ScheduleGPipe::ScheduleGPipe(Stage& stage, int microbatches, LossFn loss, ScheduleOptions options)

@@ -88,6 +88,31 @@ at::Tensor Stage::recv_gradient(const at::Tensor& like) {
   return values.to(like.device());
 }
 
+// Note [The first failed stage]
+// When one stage fails, its neighbours fail next: their receives from it break when its process
+// exits, and theirs break the next ones'. The launcher reports whichever process it reaps first,
+// so the stage that failed first must be named in every stage's line. A failing stage records
+// its line in the group's store before it throws (before its process exits and closes its
+// connections); a stage whose failure comes later finds it there and leads with it. A stage
+// killed outright records nothing: its neighbours' lines name its rank as the peer they lost,
+// and the first of those is recorded in its place. The store lives in rank 0's process (under
+// `tandem run`): a stage that fails after rank 0 has exited cannot read it, and its line is then
+// its own, which names the peer it lost.
+std::string Stage::explain_failure(const std::string& here) {
+  static const std::string kKey = "pp_first_failure";
+  try {
+    const auto& store = group_->store();
+    if (store->check({kKey})) {
+      const auto first = store->get(kKey);
+      return std::string(first.begin(), first.end()) + " (then " + here + ")";
+    }
+    store->set(kKey, std::vector<uint8_t>(here.begin(), here.end()));
+  } catch (const std::exception&) {
+    // The store may be gone with the process that hosted it: the line stays this stage's own.
+  }
+  return here;
+}
+
 void Stage::wait_sends() {
   for (auto& [work, tensor] : sends_) {
     group_->wait(work, "pp: stage " + std::to_string(index_) + "'s send of " + std::to_string(tensor.numel()) +

@@ -6,7 +6,9 @@
 // rank of a `tandem run` job (2 and 4 ranks).
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <algorithm>
+#include <stdexcept>
 #include <memory>
 #include <vector>
 
@@ -218,4 +220,44 @@ TEST(PipelineErrors, FewerMicrobatchesThanStagesAndTooSmallABatchAreOneLineError
                    " processes, one per stage; this one has " + std::to_string(p));
 }
 
-int main(int argc, char** argv) { return tandem::test::distributed_test_main(argc, argv); }
+namespace {
+
+// A stage's layers that fail at their `fail_at`-th forward: by raising, or by the process
+// killing itself (SIGKILL: no handler, no message of its own).
+struct FailingImpl : torch::nn::Module {
+  FailingImpl(int fail_at, bool kill) : fail_at(fail_at), kill(kill) {
+    layer = register_module("layer", torch::nn::Linear(kWidth, kWidth));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    if (calls++ == fail_at) {
+      if (kill) ::raise(SIGKILL);
+      throw std::runtime_error("injected failure");
+    }
+    return layer(x);
+  }
+  torch::nn::Linear layer{nullptr};
+  int fail_at, calls = 0;
+  bool kill;
+};
+TORCH_MODULE(Failing);
+
+// Stage `failing` fails in its third forward (microbatch 2); the others train normally. The job
+// must end with that stage named, never hang: a stage blocked in a receive from it is stopped by
+// the launcher when its process exits.
+int run_failing_pipeline(int failing, bool kill) {
+  Failing part(R() == failing ? 2 : -1, kill);
+  pp::Stage stage(part, R(), W(), shared_pg());
+  pp::Schedule1F1B schedule(stage, 2 * W(), [](const at::Tensor& o, const at::Tensor& t) { return at::mse_loss(o, t); });
+  auto [x, y] = batch(4 * W(), 9);
+  schedule.step(x, y);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tandem::test::Scenarios scenarios;
+  scenarios["stage-1-raises"] = [] { return run_failing_pipeline(1, false); };
+  scenarios["stage-2-killed"] = [] { return run_failing_pipeline(2, true); };
+  return tandem::test::distributed_test_main(argc, argv, scenarios);
+}

@@ -42,7 +42,8 @@ class Schedule {
   /// One training step over the batch (Note [Pipeline step] in schedule.cpp). Every stage of the
   /// pipeline calls it; `inputs` matter on the first stage, `targets` on the last (pass an
   /// undefined tensor elsewhere). One-line tandem::Error for a batch smaller than the number of
-  /// microbatches.
+  /// microbatches, and for any failure inside it, naming the stage, forward or backward, and the
+  /// microbatch ("pp: stage 1 failed in the forward of microbatch 2: ...").
   std::vector<at::Tensor> step(const at::Tensor& inputs, const at::Tensor& targets);
 
   enum class Kind { Forward, Backward };
@@ -64,6 +65,10 @@ class Schedule {
  private:
   LossFn loss_;
   ScheduleOptions options_;
+  /// One action of step(): `in`, `out`, `scaled` (by microbatch) keep what its backward needs.
+  void run(const Action& a, const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& ys, int64_t total,
+           std::vector<at::Tensor>& in, std::vector<at::Tensor>& out, std::vector<at::Tensor>& scaled,
+           std::vector<at::Tensor>& losses);
 };
 
 class ScheduleGPipe : public Schedule {

@@ -66,6 +66,9 @@ class Stage {
   at::Tensor recv_gradient(const at::Tensor& like);
   /// Waits for every send issued so far (their tensors are kept alive until then).
   void wait_sends();
+  /// The line for this stage's failure `here`: led by the pipeline's first failure when another
+  /// stage recorded one (Note [The first failed stage] in stage.cpp), else recorded as that.
+  std::string explain_failure(const std::string& here);
 
  private:
   std::shared_ptr<torch::nn::Module> module_;
