@@ -30,7 +30,8 @@ ParallelismPlan plan_parallelism(const ParallelismConfig& config, Strategy asked
   TANDEM_CHECK(config.tp_size() >= 1, "parallelism: tp_size ", config.tp_size(), " must be at least 1");
   TANDEM_CHECK(config.pp_size() >= 1, "parallelism: pp_size ", config.pp_size(), " must be at least 1");
   TANDEM_CHECK(config.pp_size() == 1, "parallelism: pp_size ", config.pp_size(),
-               ": pipeline parallelism is not built yet; use pp_size 1");
+               ": the Accelerator does not compose pipelines yet (tandem::pp::Stage and its schedules run one "
+               "by hand: docs/guide-pp.md); use pp_size 1");
   ParallelismPlan plan;
   plan.strategy = asked;
   plan.tp = config.tp_size();

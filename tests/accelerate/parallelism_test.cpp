@@ -72,7 +72,8 @@ TEST(ParallelismPlan, ImpossibleLayoutsAreOneLineErrors) {
                "parallelism: tp_size 2 with Strategy::dp: tensor parallelism runs one process per piece of each "
                "layer; use Strategy::Ddp or Fsdp (or Auto) for the other dimensions");
   EXPECT_ERROR(plan_parallelism(ParallelismConfig().pp_size(2), Strategy::Ddp, 4),
-               "parallelism: pp_size 2: pipeline parallelism is not built yet; use pp_size 1");
+               "parallelism: pp_size 2: the Accelerator does not compose pipelines yet (tandem::pp::Stage and its "
+               "schedules run one by hand: docs/guide-pp.md); use pp_size 1");
   EXPECT_ERROR(plan_parallelism(ParallelismConfig().tp_size(0), Strategy::Ddp, 4),
                "parallelism: tp_size 0 must be at least 1");
   EXPECT_ERROR(plan_parallelism(ParallelismConfig().replicate_size(-1), Strategy::Ddp, 4),

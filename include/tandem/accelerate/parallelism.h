@@ -27,7 +27,7 @@ struct ParallelismConfig {
   /// Tensor parallelism's group size: the model's layers are cut over this many neighbouring
   /// processes by the plan given to Accelerator::prepare_model (tandem/tp/parallelize.h).
   TORCH_ARG(int, tp_size) = 1;
-  /// Pipeline stages: 1 (pipeline parallelism is not built yet).
+  /// Pipeline stages: 1 (the Accelerator does not compose pipelines yet: tandem/pp/ runs one by hand).
   TORCH_ARG(int, pp_size) = 1;
 };
 
