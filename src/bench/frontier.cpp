@@ -1,4 +1,5 @@
 #include "bench/frontier.h"
+#include "bench/strategies.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -105,10 +106,12 @@ const std::vector<std::string>& frontier_default_strategies() {
 }
 
 std::string frontier_refusal(const std::string& strategy, const std::string& scale, int world) {
-  // As the comparison's table says (strategies.cpp): tp over every process, fsdp+tp over pairs.
-  const int tp = strategy == "tp" ? world : strategy == "fsdp+tp" ? 2 : 1;
+  // The comparison's table decides the TP groups (strategies.cpp: tp over every process, fsdp+tp
+  // over pairs); the frontier's own names (fsdp-checkpoint) have no TP.
+  const Strategy* entry = find_strategy(strategy);
+  const int tp = entry ? tp_group_size(*entry, world) : 1;
   if (tp == 1) return "";
-  if (strategy == "fsdp+tp" && (world % 2 != 0 || world < 4)) {
+  if (entry->tp_size == 2 && (world % 2 != 0 || world < 4)) {
     return "fsdp+tp needs a 2-D mesh of at least two tensor-parallel pairs: an even --nproc of at least 4 (got " +
            std::to_string(world) + ")";
   }
