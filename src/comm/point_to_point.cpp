@@ -5,9 +5,10 @@
 // sequence]); that is what lets a failure say "collective #12" and mean one call of the job. A
 // send involves two ranks only, so if it took a number the ranks that sent nothing would number
 // their next collective differently. P2P operations therefore never touch the collective counter;
-// each pair of ranks counts its own messages instead (sent_[peer], received_[peer]), which is
-// what matches a send with its receive (messages between two ranks arrive in order) and what a
-// failure names: "message #3 to that rank".
+// each pair of ranks counts its own messages instead (sent_[peer], received_[peer], all tags
+// together), which is what a failure names: "message #3 to that rank". A send matches the receive
+// of the same pair and tag in order (Gloo and MPI match by tag; NCCL has none, so there all of a
+// pair's messages are one stream, and programs that use tags must keep them in one order too).
 #include <algorithm>
 
 #include <ATen/ATen.h>
@@ -18,10 +19,6 @@
 
 namespace tandem::comm {
 namespace {
-
-// All p2p messages use one tag: order between a pair is what matches them (Gloo, MPI and NCCL
-// all keep it).
-constexpr int kTag = 0;
 
 // A p2p work whose wait() turns a backend's failure or timeout into one line that names the
 // operation, the peer (group and global rank) and the message's number.
@@ -52,36 +49,38 @@ class PointToPointWork : public c10d::Work {
 
 }  // namespace
 
-std::string ProcessGroup::begin_p2p(const char* op, const at::Tensor& tensor, int peer, bool sending) {
+std::string ProcessGroup::begin_p2p(const char* op, const at::Tensor& tensor, int peer, int tag, bool sending) {
   if (!tensor.defined() || tensor.is_sparse() || !tensor.is_contiguous()) {
     throw Error(std::string(op) + " needs a defined, dense, contiguous tensor");
   }
   TANDEM_CHECK(peer >= 0 && peer < size(), op, (sending ? " to" : " from"), " rank ", peer,
                ": the group", (subgroup_ ? " '" + name_ + "'" : std::string()), " has ranks 0 to ", size() - 1);
   TANDEM_CHECK(peer != rank(), op, (sending ? " to" : " from"), " rank ", peer, ": that is this rank itself");
+  TANDEM_CHECK(tag >= 0, op, " with tag ", tag, ": tags are 0 or more");
   uint64_t number = 0;
   {
     std::lock_guard<std::mutex> hold(calls_mutex_);
     number = ++(sending ? sent_ : received_)[static_cast<size_t>(peer)];
   }
   return std::string(op) + " of " + std::to_string(tensor.numel()) + " " + c10::toString(tensor.scalar_type()) +
-         " on " + tensor.device().str() + (sending ? " to " : " from ") + describe_rank(peer) + ", message #" +
+         " on " + tensor.device().str() + (sending ? " to " : " from ") + describe_rank(peer) +
+         (tag != 0 ? " with tag " + std::to_string(tag) : std::string()) + ", message #" +
          std::to_string(number) + (sending ? " to" : " from") + " that rank, failed on " + describe_rank(rank());
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroup::isend(const at::Tensor& tensor, int to) {
-  std::vector<P2POp> one{P2POp::send(tensor, to)};
+c10::intrusive_ptr<c10d::Work> ProcessGroup::isend(const at::Tensor& tensor, int to, int tag) {
+  std::vector<P2POp> one{P2POp::send(tensor, to, tag)};
   return batch_isend_irecv(one).front();
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroup::irecv(at::Tensor& tensor, int from) {
-  std::vector<P2POp> one{P2POp::recv(tensor, from)};
+c10::intrusive_ptr<c10d::Work> ProcessGroup::irecv(at::Tensor& tensor, int from, int tag) {
+  std::vector<P2POp> one{P2POp::recv(tensor, from, tag)};
   return batch_isend_irecv(one).front();
 }
 
-void ProcessGroup::send(const at::Tensor& tensor, int to) { isend(tensor, to)->wait(); }
+void ProcessGroup::send(const at::Tensor& tensor, int to, int tag) { isend(tensor, to, tag)->wait(); }
 
-void ProcessGroup::recv(at::Tensor& tensor, int from) { irecv(tensor, from)->wait(); }
+void ProcessGroup::recv(at::Tensor& tensor, int from, int tag) { irecv(tensor, from, tag)->wait(); }
 
 std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroup::batch_isend_irecv(std::vector<P2POp>& ops) {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
@@ -98,7 +97,7 @@ std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroup::batch_isend_irecv(std:
   std::vector<std::string> what;
   for (auto& op : ops) {
     const bool sending = op.kind == P2POp::Kind::Send;
-    what.push_back(begin_p2p(sending ? "send" : "recv", op.tensor, op.peer, sending));
+    what.push_back(begin_p2p(sending ? "send" : "recv", op.tensor, op.peer, op.tag, sending));
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> issued;
   size_t i = 0;
@@ -106,8 +105,8 @@ std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroup::batch_isend_irecv(std:
     if (coalesce) backend->startCoalescing();
     for (; i < ops.size(); ++i) {
       std::vector<at::Tensor> tensors{ops[i].tensor};
-      issued.push_back(ops[i].kind == P2POp::Kind::Send ? backend->send(tensors, ops[i].peer, kTag)
-                                                         : backend->recv(tensors, ops[i].peer, kTag));
+      issued.push_back(ops[i].kind == P2POp::Kind::Send ? backend->send(tensors, ops[i].peer, ops[i].tag)
+                                                         : backend->recv(tensors, ops[i].peer, ops[i].tag));
     }
     if (coalesce) {
       auto group = backend->endCoalescing();

@@ -145,6 +145,11 @@ int64_t MemoryTracker::peak(size_t replica) const {
   return replica < counters_->peak.size() ? counters_->peak[replica] : 0;
 }
 
+int64_t MemoryTracker::live(size_t replica) const {
+  std::lock_guard<std::mutex> lock(counters_->mutex);
+  return replica < counters_->live.size() ? counters_->live[replica] : 0;
+}
+
 void MemoryTracker::reset_peaks() {
   std::lock_guard<std::mutex> lock(counters_->mutex);
   counters_->peak = counters_->live;

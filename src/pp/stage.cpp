@@ -18,6 +18,21 @@ namespace {
 constexpr int64_t kMaxDims = 8;
 constexpr int64_t kHeaderLength = 2 + kMaxDims;
 
+// Note [Stage tags]
+// Between two processes several streams may flow: with several stages per process (interleaved
+// 1F1B) rank r sends the activations of its stages r, r + P, ... and, when P = 2, the gradients of
+// its other stages to the same neighbour. Each stream has its own tag: the activations stage s
+// sends to s + 1 have tag 2s (header and values, in order), the gradients stage s sends back to
+// s - 1 have tag 2s + 1; Gloo and MPI match a receive with the sends of its tag only, so a
+// schedule need only keep each stream in order. NCCL has no tags: there all the messages between
+// two processes are one stream, and the receiver must take them in the order they were sent.
+// The schedules' orders do that too (checked for every P, v and m up to 6, 4 and 4P in
+// tests/pp/schedule_order_test.cpp: Megatron-LM's warmup of 2 (P - r - 1) + (v - 1) P forwards
+// is what makes the interleaved one so; with P - r - 1 + (v - 1) P it still finishes on Gloo,
+// but two processes' streams interleave in different orders).
+int activation_tag(int from_stage) { return 2 * from_stage; }
+int gradient_tag(int from_stage) { return 2 * from_stage + 1; }
+
 c10::Device device_of(const comm::ProcessGroup& group) {
   if (group.has_nccl()) {
     if (auto device = group.cuda_device()) return *device;
@@ -38,13 +53,14 @@ Stage::Stage(std::shared_ptr<torch::nn::Module> module, std::function<at::Tensor
   TANDEM_CHECK(group_, "pp: a stage needs a process group");
   TANDEM_CHECK(num_stages_ >= 1 && index_ >= 0 && index_ < num_stages_, "pp: stage ", index_, " of ", num_stages_,
                " does not exist (stages are numbered 0 to ", num_stages_ - 1, ")");
-  TANDEM_CHECK(group_->size() == num_stages_, "pp: ", num_stages_, " stages need a pipeline group of ", num_stages_,
-               " processes, one per stage; this one has ", group_->size());
-  TANDEM_CHECK(group_->rank() == index_, "pp: stage ", index_, " runs on rank ", index_,
-               " of its pipeline group, but this process is rank ", group_->rank());
+  TANDEM_CHECK(num_stages_ % group_->size() == 0, "pp: ", num_stages_, " stages do not divide among the ",
+               group_->size(), " processes of the pipeline group (each process holds the same number of stages)");
+  TANDEM_CHECK(group_->rank() == rank_of(index_), "pp: stage ", index_, " runs on rank ", rank_of(index_),
+               " of its pipeline group (", index_, " mod ", group_->size(), "), but this process is rank ",
+               group_->rank());
 }
 
-void Stage::send_activation(const at::Tensor& activation) {
+void Stage::send_activation(const at::Tensor& activation, int microbatch) {
   TANDEM_CHECK(!is_last(), "pp: the last stage has no next stage to send to");
   TANDEM_CHECK(activation.dim() <= kMaxDims, "pp: an activation of ", activation.dim(), " dimensions (at most ",
                kMaxDims, ")");
@@ -54,15 +70,18 @@ void Stage::send_activation(const at::Tensor& activation) {
   for (int64_t d = 0; d < values.dim(); ++d) fields.push_back(values.size(d));
   header.narrow(0, 0, static_cast<int64_t>(fields.size()))
       .copy_(at::tensor(fields, at::kLong));
-  sends_.emplace_back(group_->isend(header, index_ + 1), header);
-  sends_.emplace_back(group_->isend(values, index_ + 1), values);
+  const int to = rank_of(index_ + 1);
+  auto& sends = activation_sends_[microbatch];
+  sends.push_back({group_->isend(header, to, activation_tag(index_)), header});
+  sends.push_back({group_->isend(values, to, activation_tag(index_)), values});
 }
 
 at::Tensor Stage::recv_activation() {
   TANDEM_CHECK(!is_first(), "pp: the first stage has no previous stage to receive from");
   const c10::Device device = device_of(*group_);
   at::Tensor header = at::empty({kHeaderLength}, at::TensorOptions().dtype(at::kLong).device(device));
-  group_->recv(header, index_ - 1);
+  const int from = rank_of(index_ - 1);
+  group_->recv(header, from, activation_tag(index_ - 1));
   const at::Tensor fields = header.cpu();
   const int64_t dims = fields[0].item<int64_t>();
   TANDEM_CHECK(dims >= 0 && dims <= kMaxDims, "pp: stage ", index_, " received a malformed activation header (",
@@ -71,20 +90,20 @@ at::Tensor Stage::recv_activation() {
   for (int64_t d = 0; d < dims; ++d) sizes.push_back(fields[2 + d].item<int64_t>());
   const auto dtype = static_cast<at::ScalarType>(fields[1].item<int64_t>());
   at::Tensor values = at::empty(sizes, at::TensorOptions().dtype(dtype).device(device));
-  group_->recv(values, index_ - 1);
+  group_->recv(values, from, activation_tag(index_ - 1));
   return values;
 }
 
-void Stage::send_gradient(const at::Tensor& grad) {
+void Stage::send_gradient(const at::Tensor& grad, int microbatch) {
   TANDEM_CHECK(!is_first(), "pp: the first stage has no previous stage to send a gradient to");
   at::Tensor values = grad.detach().contiguous();
-  sends_.emplace_back(group_->isend(values, index_ - 1), values);
+  gradient_sends_[microbatch].push_back({group_->isend(values, rank_of(index_ - 1), gradient_tag(index_)), values});
 }
 
 at::Tensor Stage::recv_gradient(const at::Tensor& like) {
   TANDEM_CHECK(!is_last(), "pp: the last stage has no next stage to receive a gradient from");
   at::Tensor values = at::empty(like.sizes(), like.options().device(device_of(*group_)));
-  group_->recv(values, index_ + 1);
+  group_->recv(values, rank_of(index_ + 1), gradient_tag(index_ + 1));
   return values.to(like.device());
 }
 
@@ -113,12 +132,44 @@ std::string Stage::explain_failure(const std::string& here) {
   return here;
 }
 
-void Stage::wait_sends() {
-  for (auto& [work, tensor] : sends_) {
-    group_->wait(work, "pp: stage " + std::to_string(index_) + "'s send of " + std::to_string(tensor.numel()) +
-                           " values");
+// Note [Releasing sends]
+// A send's tensor (an activation, a gradient) must stay alive until the send completes, and a
+// stage that kept every send until the end of the step would hold one more tensor per microbatch
+// and direction: under 1F1B, memory growing with m again. So a schedule releases each send as
+// soon as it knows the receiver has it, which it learns from the receiver's next message:
+// - the gradient of microbatch i coming back means the next stage took activation i;
+// - an activation of microbatch j coming from the previous stage means that stage has run every
+//   action before its forward of j, in its order (which every process can compute), and so taken
+//   the gradients of the backwards among them.
+// Waiting then returns at once (the message is delivered), and frees the same tensors at the same
+// points on every run. What is left is waited for at the end of the step.
+void Stage::release(std::vector<Send>& sends) {
+  for (auto& send : sends) {
+    group_->wait(send.work, "pp: stage " + std::to_string(index_) + "'s send of " + std::to_string(send.tensor.numel()) +
+                                " values");
   }
-  sends_.clear();
+  sends.clear();
+}
+
+void Stage::release_activation_send(int microbatch) {
+  auto it = activation_sends_.find(microbatch);
+  if (it == activation_sends_.end()) return;
+  release(it->second);
+  activation_sends_.erase(it);
+}
+
+void Stage::release_gradient_sends_before(int microbatch) {
+  while (!gradient_sends_.empty() && gradient_sends_.begin()->first < microbatch) {
+    release(gradient_sends_.begin()->second);
+    gradient_sends_.erase(gradient_sends_.begin());
+  }
+}
+
+void Stage::wait_sends() {
+  for (auto* sends : {&activation_sends_, &gradient_sends_}) {
+    for (auto& [microbatch, pending] : *sends) release(pending);
+    sends->clear();
+  }
 }
 
 }  // namespace tandem::pp

@@ -19,6 +19,9 @@ foreach(_n 2 4)
     COMMAND ${_mpi_run} --nproc-per-node ${_n} -- $<TARGET_FILE:subgroups_test> --gtest_filter=-SubgroupTimeout.*:NcclSubgroups.*)
   set_tests_properties(comm.subgroups.mpi${_n} PROPERTIES LABELS "comm;multiprocess;mpi" TIMEOUT 300)
 endforeach()
+# Pipelines over MPI: its tags keep the streams of interleaved 1F1B apart, as Gloo's do.
+add_test(NAME pp.mpi2 COMMAND ${_mpi_run} --nproc-per-node 2 -- $<TARGET_FILE:pipeline_test>)
+set_tests_properties(pp.mpi2 PROPERTIES LABELS "pp;multiprocess;mpi" TIMEOUT 300)
 # Auto under plain mpirun (no --backend, no TANDEM_CPU_BACKEND) is MPI.
 add_test(NAME comm.collectives.mpi.auto_under_mpirun
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/ecosystem/mpirun.sh ok -- $<TARGET_FILE:collectives_test>

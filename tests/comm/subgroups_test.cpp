@@ -267,6 +267,35 @@ TEST(PointToPoint, MessagesBetweenTwoRanksArriveInOrder) {
   }
 }
 
+// Tags are separate streams between the same two ranks: rank 1 receives tag 7's messages before
+// tag 3's though rank 0 sent them after (a pipeline's activations and gradients, whose orders
+// differ by stage). With one stream, the first receive would take tag 3's first message (of
+// another size: an error) or hang.
+TEST(PointToPoint, TagsAreSeparateStreams) {
+  if (W() < 2) GTEST_SKIP() << "needs two ranks";
+  constexpr int kEach = 5;
+  if (R() == 0) {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<at::Tensor> kept;
+    for (int tag : {3, 7}) {
+      for (int i = 0; i < kEach; ++i) {
+        kept.push_back(at::full({tag + i}, 100 * tag + i, at::kFloat));
+        works.push_back(pg().isend(kept.back(), 1, tag));
+      }
+    }
+    for (auto& w : works) w->wait();
+  } else if (R() == 1) {
+    for (int tag : {7, 3}) {
+      for (int i = 0; i < kEach; ++i) {
+        at::Tensor t = at::empty({tag + i}, at::kFloat);
+        pg().recv(t, 0, tag);
+        EXPECT_TRUE(at::equal(t, at::full({tag + i}, 100 * tag + i, at::kFloat))) << "tag " << tag << ", message " << i;
+      }
+    }
+  }
+  EXPECT_ERROR(pg().send(at::ones({1}), (R() + 1) % W(), -1), "send with tag -1: tags are 0 or more");
+}
+
 // Note [Point-to-point and the collective sequence]: under load, p2p on some ranks and subgroups
 // mixed with collectives on the world and on subgroups; every rank ends at the same collective
 // numbers, and every value is the closed form.

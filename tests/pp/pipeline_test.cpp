@@ -1,14 +1,17 @@
 // Pipeline parallelism against one process: the whole model of 2 x p blocks on the whole batch
 // (the oracle) and the same model cut into p stages, one per rank, run by GPipe and 1F1B over m
-// microbatches. Gradients, and the weights after three SGD steps, equal the oracle's to fp32
-// reduction-order tolerance; the two schedules equal each other bit for bit (the same sums in the
-// same order); uneven microbatches and a sum-reduced loss too. Run as a world of one and as every
-// rank of a `tandem run` job (2 and 4 ranks).
+// microbatches, and into 2p stages of one block, two per rank, run by interleaved 1F1B.
+// Gradients, and the weights after three SGD steps, equal the oracle's to fp32 reduction-order
+// tolerance; the schedules equal each other bit for bit (the same sums in the same order);
+// uneven microbatches and a sum-reduced loss too. Run as a world of one and as every rank of a
+// `tandem run` job (2 and 4 ranks).
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdio>
 #include <algorithm>
 #include <stdexcept>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -22,6 +25,7 @@
 
 #include "support/distributed_main.h"
 #include "support/errors.h"
+#include "tandem/dp/memory.h"
 #include "tandem/pp/schedule.h"
 #include "tandem/pp/stage.h"
 
@@ -36,23 +40,23 @@ int R() { return pg().rank(); }
 
 constexpr int64_t kWidth = 12;
 
-// Block b: Linear then tanh; two blocks per stage. The same weights on every rank (seed 3).
-torch::nn::Sequential whole_model(int stages) {
+// Block b: Linear then tanh; 2p blocks. The same weights on every rank (seed 3).
+torch::nn::Sequential whole_model(int processes) {
   torch::manual_seed(3);
   torch::nn::Sequential net;
-  for (int b = 0; b < 2 * stages; ++b) {
+  for (int b = 0; b < 2 * processes; ++b) {
     net->push_back(torch::nn::Linear(kWidth, kWidth));
     net->push_back(torch::nn::Tanh());
   }
   return net;
 }
 
-// Stage s's part of `whole`: its two blocks, with copies of their weights.
-torch::nn::Sequential stage_part(const torch::nn::Sequential& whole, int s) {
+// Blocks [first, first + count) of `whole`, with copies of their weights.
+torch::nn::Sequential part_of(const torch::nn::Sequential& whole, int first, int count) {
   torch::nn::Sequential part;
   at::NoGradGuard no_grad;
-  for (int k = 4 * s; k < 4 * s + 4; k += 2) {
-    const auto* source = whole->ptr(static_cast<size_t>(k))->as<torch::nn::Linear>();
+  for (int b = first; b < first + count; ++b) {
+    const auto* source = whole->ptr(static_cast<size_t>(2 * b))->as<torch::nn::Linear>();
     torch::nn::Linear copy(kWidth, kWidth);
     copy->weight.copy_(source->weight);
     copy->bias.copy_(source->bias);
@@ -62,13 +66,8 @@ torch::nn::Sequential stage_part(const torch::nn::Sequential& whole, int s) {
   return part;
 }
 
-std::vector<at::Tensor> stage_params_of_whole(const torch::nn::Sequential& whole, int s) {
-  std::vector<at::Tensor> out;
-  for (int k = 4 * s; k < 4 * s + 4; ++k) {
-    for (const auto& p : whole->ptr(static_cast<size_t>(k))->parameters()) out.push_back(p);
-  }
-  return out;
-}
+// Stage s of one per process: blocks 2s and 2s + 1.
+torch::nn::Sequential stage_part(const torch::nn::Sequential& whole, int s) { return part_of(whole, 2 * s, 2); }
 
 std::pair<at::Tensor, at::Tensor> batch(int64_t n, uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -79,33 +78,92 @@ at::Tensor mse(const at::Tensor& out, const at::Tensor& target, at::Reduction::R
   return at::mse_loss(out, target, reduction);
 }
 
-enum class Which { GPipe, OneFOneB };
+enum class Which { GPipe, OneFOneB, Interleaved };
 
-std::unique_ptr<pp::Schedule> make_schedule(Which which, pp::Stage& stage, int m, at::Reduction::Reduction reduction) {
+// This rank's pipeline: its stages (one per process, or, interleaved, the 2p blocks as 2p stages
+// of one block, r and r + p here), their modules, and the schedule.
+struct Pipeline {
+  std::vector<torch::nn::Sequential> parts;
+  std::vector<int> first_block;  // of each part
+  std::vector<std::unique_ptr<pp::Stage>> stages;
+  std::unique_ptr<pp::Schedule> schedule;
+  bool first = false, last = false;
+  std::vector<at::Tensor> parameters() const {
+    std::vector<at::Tensor> all;
+    for (const auto& part : parts) {
+      for (const auto& p : part->parameters()) all.push_back(p);
+    }
+    return all;
+  }
+};
+
+Pipeline make_pipeline(Which which, const torch::nn::Sequential& whole, int m, pp::ScheduleOptions options) {
+  const int p = W();
+  const auto reduction = options.reduction();
   pp::LossFn loss = [reduction](const at::Tensor& out, const at::Tensor& t) { return mse(out, t, reduction); };
-  const auto options = pp::ScheduleOptions().reduction(reduction);
-  if (which == Which::GPipe) return std::make_unique<pp::ScheduleGPipe>(stage, m, loss, options);
-  return std::make_unique<pp::Schedule1F1B>(stage, m, loss, options);
+  Pipeline pipe;
+  const int v = which == Which::Interleaved ? 2 : 1;
+  for (int k = 0; k < v; ++k) {
+    const int s = k * p + R();
+    const int blocks = 2 / v;
+    pipe.first_block.push_back(s * blocks);
+    pipe.parts.push_back(part_of(whole, s * blocks, blocks));
+    pipe.stages.push_back(std::make_unique<pp::Stage>(pipe.parts.back(), s, v * p, shared_pg()));
+    pipe.first = pipe.first || pipe.stages.back()->is_first();
+    pipe.last = pipe.last || pipe.stages.back()->is_last();
+  }
+  if (which == Which::GPipe) {
+    pipe.schedule = std::make_unique<pp::ScheduleGPipe>(*pipe.stages[0], m, loss, options);
+  } else if (which == Which::OneFOneB) {
+    pipe.schedule = std::make_unique<pp::Schedule1F1B>(*pipe.stages[0], m, loss, options);
+  } else {
+    std::vector<pp::Stage*> mine;
+    for (auto& stage : pipe.stages) mine.push_back(stage.get());
+    pipe.schedule = std::make_unique<pp::ScheduleInterleaved1F1B>(mine, m, loss, options);
+  }
+  return pipe;
 }
 
-// Three SGD steps of the pipeline (this rank's stage) and of one process on the whole batch; the
-// gradients after each step and the weights after the last. Returns this stage's gradients of
-// the first step (to compare the schedules with each other).
-std::vector<at::Tensor> train_against_one_process(Which which, int m, int64_t n, at::Reduction::Reduction reduction) {
+// The whole model's gradients as one vector, every block's from the rank that holds it (zeros
+// elsewhere, then summed over the ranks: exact, so schedules compare bit for bit).
+at::Tensor whole_gradient(const Pipeline& pipe, int blocks) {
+  constexpr int64_t kPerBlock = kWidth * kWidth + kWidth;
+  at::Tensor flat = at::zeros({blocks * kPerBlock});
+  for (size_t k = 0; k < pipe.parts.size(); ++k) {
+    int64_t at_ = pipe.first_block[k] * kPerBlock;
+    for (const auto& param : pipe.parts[k]->parameters()) {
+      flat.narrow(0, at_, param.numel()).copy_(param.grad().reshape(-1));
+      at_ += param.numel();
+    }
+  }
+  if (W() > 1) pg().all_reduce(flat, tandem::comm::ReduceOp::Sum);
+  return flat;
+}
+
+// Three SGD steps of the pipeline (this rank's stages) and of one process on the whole batch; the
+// gradients after each step and the weights after the last. Returns the whole model's gradients
+// of the first step (to compare the schedules with each other).
+at::Tensor train_against_one_process(Which which, int m, int64_t n, at::Reduction::Reduction reduction) {
   const int p = W();
   torch::nn::Sequential whole = whole_model(p);
-  torch::nn::Sequential part = stage_part(whole, R());
-  pp::Stage stage(part, R(), p, shared_pg());
-  auto schedule = make_schedule(which, stage, m, reduction);
+  Pipeline pipe = make_pipeline(which, whole, m, pp::ScheduleOptions().reduction(reduction));
+  std::vector<at::Tensor> theirs;
+  for (size_t k = 0; k < pipe.parts.size(); ++k) {
+    for (int b = pipe.first_block[k]; b < pipe.first_block[k] + static_cast<int>(pipe.parts[k]->size()) / 2; ++b) {
+      for (const auto& param : whole->ptr(static_cast<size_t>(2 * b))->parameters()) theirs.push_back(param);
+    }
+  }
+  const auto mine = pipe.parameters();
+  EXPECT_EQ(mine.size(), theirs.size());
   torch::optim::SGD ref_opt(whole->parameters(), torch::optim::SGDOptions(0.1));
-  torch::optim::SGD opt(part->parameters(), torch::optim::SGDOptions(0.1));
-  std::vector<at::Tensor> first_grads;
+  torch::optim::SGD opt(mine, torch::optim::SGDOptions(0.1));
+  at::Tensor first_grads;
   for (int step = 0; step < 3; ++step) {
     auto [x, y] = batch(n, 50 + static_cast<uint64_t>(step));
     at::Tensor ref_loss = mse(whole->forward(x), y, reduction);
     ref_loss.backward();
-    const auto losses = schedule->step(stage.is_first() ? x : at::Tensor(), stage.is_last() ? y : at::Tensor());
-    if (stage.is_last()) {
+    const auto losses = pipe.schedule->step(pipe.first ? x : at::Tensor(), pipe.last ? y : at::Tensor());
+    if (pipe.last) {
       EXPECT_EQ(static_cast<int>(losses.size()), m);
       // The microbatches' losses recombine to the whole batch's.
       double combined = 0;
@@ -118,26 +176,21 @@ std::vector<at::Tensor> train_against_one_process(Which which, int m, int64_t n,
     } else {
       EXPECT_TRUE(losses.empty());
     }
-    const auto mine = part->parameters();
-    const auto theirs = stage_params_of_whole(whole, R());
-    EXPECT_EQ(mine.size(), theirs.size());
     for (size_t k = 0; k < mine.size(); ++k) {
       if (!mine[k].grad().defined()) {
         ADD_FAILURE() << "step " << step << ", parameter " << k << " has no gradient";
-        continue;
+        return {};
       }
       EXPECT_TRUE(at::allclose(mine[k].grad(), theirs[k].grad(), 1e-5, 1e-6))
-          << "step " << step << ", parameter " << k << " of stage " << R() << ": largest difference "
+          << "step " << step << ", parameter " << k << " on rank " << R() << ": largest difference "
           << (mine[k].grad() - theirs[k].grad()).abs().max().item<double>();
-      if (step == 0) first_grads.push_back(mine[k].grad().clone());
     }
+    if (step == 0) first_grads = whole_gradient(pipe, 2 * p);
     ref_opt.step();
     ref_opt.zero_grad();
     opt.step();
     opt.zero_grad();
   }
-  const auto mine = part->parameters();
-  const auto theirs = stage_params_of_whole(whole, R());
   for (size_t k = 0; k < mine.size(); ++k) {
     EXPECT_TRUE(at::allclose(mine[k], theirs[k], 1e-5, 1e-6)) << "weights after 3 steps, parameter " << k;
   }
@@ -146,14 +199,13 @@ std::vector<at::Tensor> train_against_one_process(Which which, int m, int64_t n,
 
 }  // namespace
 
-TEST(Pipeline, GPipeAnd1F1BEqualOneProcessAndEachOther) {
+TEST(Pipeline, EverySchedulesEqualsOneProcessAndTheOthers) {
   for (int m : {W(), 2 * W()}) {
     const auto gpipe = train_against_one_process(Which::GPipe, m, 4 * W(), at::Reduction::Mean);
     const auto one_f_one_b = train_against_one_process(Which::OneFOneB, m, 4 * W(), at::Reduction::Mean);
-    ASSERT_EQ(gpipe.size(), one_f_one_b.size());
-    for (size_t k = 0; k < gpipe.size(); ++k) {
-      EXPECT_TRUE(at::equal(gpipe[k], one_f_one_b[k])) << "m " << m << ", parameter " << k;
-    }
+    const auto interleaved = train_against_one_process(Which::Interleaved, m, 4 * W(), at::Reduction::Mean);
+    EXPECT_TRUE(at::equal(gpipe, one_f_one_b)) << "m " << m;
+    EXPECT_TRUE(at::equal(gpipe, interleaved)) << "m " << m;
   }
 }
 
@@ -162,40 +214,85 @@ TEST(Pipeline, UnevenMicrobatchesWeighTheirLossesBySize) {
   const int m = W() + 1;
   train_against_one_process(Which::OneFOneB, m, 2 * m + 1, at::Reduction::Mean);
   train_against_one_process(Which::GPipe, m, 2 * m + 1, at::Reduction::Mean);
+  // Interleaved takes multiples of the processes: 2W microbatches of 2 and 3 samples.
+  train_against_one_process(Which::Interleaved, 2 * W(), 5 * W(), at::Reduction::Mean);
 }
 
 TEST(Pipeline, ASumReducedLossIsNotScaled) {
   train_against_one_process(Which::OneFOneB, 2 * W(), 4 * W(), at::Reduction::Sum);
+  train_against_one_process(Which::Interleaved, 2 * W(), 4 * W(), at::Reduction::Sum);
 }
 
-// 1F1B holds at most p - s microbatches' activations on stage s; GPipe all m of them.
-TEST(Pipeline, OneFOneBBoundsTheMicrobatchesInFlight) {
-  const int p = W(), m = 2 * W() + 1;
-  torch::nn::Sequential part = stage_part(whole_model(p), R());
-  pp::Stage stage(part, R(), p, shared_pg());
-  auto in_flight = [](const pp::Schedule& s) {
-    int now = 0, most = 0;
-    for (const auto& a : s.actions()) {
-      now += a.kind == pp::Schedule::Kind::Forward ? 1 : -1;
-      most = std::max(most, now);
-    }
-    EXPECT_EQ(now, 0);
-    return most;
+// The schedules run the orders tests/pp/schedule_order_test.cpp replays.
+TEST(Pipeline, SchedulesRunTheirOrders) {
+  const int p = W(), m = 2 * W();
+  torch::nn::Sequential whole = whole_model(p);
+  auto same = [](const std::vector<pp::Action>& a, const std::vector<pp::Action>& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](const pp::Action& x, const pp::Action& y) {
+             return x.kind == y.kind && x.microbatch == y.microbatch && x.stage == y.stage;
+           });
   };
-  const auto loss = [](const at::Tensor& o, const at::Tensor& t) { return at::mse_loss(o, t); };
-  EXPECT_EQ(in_flight(pp::Schedule1F1B(stage, m, loss)), std::min(p - R(), m));
-  EXPECT_EQ(in_flight(pp::ScheduleGPipe(stage, m, loss)), m);
-  // Every microbatch once forward and once backward, its backward after its forward.
-  pp::Schedule1F1B schedule(stage, m, loss);
-  std::vector<int> seen(static_cast<size_t>(m), 0);
-  for (const auto& a : schedule.actions()) {
-    auto& state = seen[static_cast<size_t>(a.microbatch)];
-    EXPECT_EQ(state, a.kind == pp::Schedule::Kind::Forward ? 0 : 1) << "microbatch " << a.microbatch;
-    ++state;
-  }
+  EXPECT_TRUE(same(make_pipeline(Which::GPipe, whole, m, {}).schedule->actions(), pp::gpipe_actions(p, R(), m)));
+  EXPECT_TRUE(same(make_pipeline(Which::OneFOneB, whole, m, {}).schedule->actions(), pp::one_f_one_b_actions(p, R(), m)));
+  EXPECT_TRUE(
+      same(make_pipeline(Which::Interleaved, whole, m, {}).schedule->actions(), pp::interleaved_actions(p, 2, R(), m)));
 }
 
-TEST(PipelineErrors, FewerMicrobatchesThanStagesAndTooSmallABatchAreOneLineErrors) {
+// Note [Step measurements]: a step's time and this process's time blocked on its neighbours, and
+// with track_memory the bytes the step held at once: GPipe keeps all m microbatches' activations
+// on every stage, 1F1B at most P - s of them on stage s. A, one microbatch's activations, is
+// measured here by the same allocator count around a lone forward of the stage.
+TEST(Pipeline, StepMeasuresItsTimeAndTheActivationsItHeld) {
+  const int p = W(), m = 2 * p;
+  const int64_t per_microbatch = 64;
+  torch::nn::Sequential whole = whole_model(p);
+  auto [x, y] = batch(per_microbatch, 11);
+  int64_t one = 0;  // A
+  {
+    torch::nn::Sequential part = stage_part(whole, R());
+    tandem::dp::MemoryTracker tracker(1);
+    tandem::dp::MemoryTracker::Scope counting(tracker, 0);
+    at::Tensor input = x;
+    if (R() > 0) input = input.clone().requires_grad_(true);  // received: a buffer of its own
+    at::Tensor output = part->forward(input);
+    one = tracker.live(0);
+  }
+  ASSERT_GT(one, 0);
+  // The peak of the second step (the gradients exist then), at m and 2m microbatches of the same size.
+  auto peak_of = [&](Which which, int microbatches) {
+    auto [xs, ys] = batch(microbatches * per_microbatch, 11);
+    Pipeline pipe = make_pipeline(which, whole, microbatches, pp::ScheduleOptions().track_memory(true));
+    for (int step = 0; step < 2; ++step) {
+      pipe.schedule->step(pipe.first ? xs : at::Tensor(), pipe.last ? ys : at::Tensor());
+      for (auto& param : pipe.parameters()) param.mutable_grad().zero_();
+    }
+    const pp::StepMeasurement& measured = pipe.schedule->last_step();
+    EXPECT_GT(measured.seconds, 0);
+    EXPECT_GE(measured.blocked_seconds, 0);
+    EXPECT_LE(measured.blocked_seconds, measured.seconds);
+    EXPECT_TRUE(measured.peak_bytes.has_value());
+    return measured.peak_bytes.value_or(0);
+  };
+  const int64_t gpipe = peak_of(Which::GPipe, m), gpipe_twice = peak_of(Which::GPipe, 2 * m);
+  const int64_t one_f_one_b = peak_of(Which::OneFOneB, m), one_f_one_b_twice = peak_of(Which::OneFOneB, 2 * m);
+  // GPipe holds one A more per microbatch; 1F1B the same P - s of them whatever m (what grows is
+  // the losses kept, 4 bytes each, on the last stage).
+  EXPECT_GE(gpipe_twice - gpipe, m * one) << "A = " << one << " bytes";
+  EXPECT_LE(one_f_one_b_twice - one_f_one_b, R() == p - 1 ? 4 * m : 0) << "A = " << one << " bytes";
+  EXPECT_GE(gpipe, m * one) << "A = " << one << " bytes";
+  EXPECT_GE(one_f_one_b, (p - R()) * one) << "A = " << one << " bytes";
+  EXPECT_LT(one_f_one_b, gpipe);
+  std::fprintf(stderr, "rank %d: A %lld, GPipe %lld / %lld, 1F1B %lld / %lld bytes at m = %d / %d\n", R(),
+               (long long)one, (long long)gpipe, (long long)gpipe_twice, (long long)one_f_one_b,
+               (long long)one_f_one_b_twice, m, 2 * m);
+  // Without track_memory nothing is counted.
+  Pipeline plain = make_pipeline(Which::OneFOneB, whole, m, {});
+  auto [xs, ys] = batch(m * per_microbatch, 12);
+  plain.schedule->step(plain.first ? xs : at::Tensor(), plain.last ? ys : at::Tensor());
+  EXPECT_FALSE(plain.schedule->last_step().peak_bytes.has_value());
+}
+
+TEST(PipelineErrors, BadMicrobatchCountsBatchesAndPlacementsAreOneLineErrors) {
   const int p = W();
   torch::nn::Sequential part = stage_part(whole_model(p), R());
   pp::Stage stage(part, R(), p, shared_pg());
@@ -203,7 +300,7 @@ TEST(PipelineErrors, FewerMicrobatchesThanStagesAndTooSmallABatchAreOneLineError
   if (p > 1) {
     EXPECT_ERROR(pp::Schedule1F1B(stage, p - 1, loss),
                  "pp: 1F1B with " + std::to_string(p - 1) + " microbatches over " + std::to_string(p) +
-                     " stages: a pipeline needs at least as many microbatches as stages to fill");
+                     " processes: a pipeline needs at least as many microbatches as processes to fill");
   }
   // A batch smaller than the microbatches: refused on the stages that read it, before any message.
   pp::ScheduleGPipe schedule(stage, 2 * p, loss);
@@ -212,12 +309,42 @@ TEST(PipelineErrors, FewerMicrobatchesThanStagesAndTooSmallABatchAreOneLineError
     EXPECT_ERROR(schedule.step(x, y), "pp: a batch of " + std::to_string(2 * p - 1) + " in " + std::to_string(2 * p) +
                                           " microbatches: each needs at least one sample");
   }
-  EXPECT_ERROR(pp::Stage(part, p, p, shared_pg()),
-               "pp: stage " + std::to_string(p) + " of " + std::to_string(p) + " does not exist (stages are numbered 0 to " +
-                   std::to_string(p - 1) + ")");
-  EXPECT_ERROR(pp::Stage(part, R(), p + 1, shared_pg()),
-               "pp: " + std::to_string(p + 1) + " stages need a pipeline group of " + std::to_string(p + 1) +
-                   " processes, one per stage; this one has " + std::to_string(p));
+  EXPECT_ERROR(pp::Stage(part, 2 * p, 2 * p, shared_pg()),
+               "pp: stage " + std::to_string(2 * p) + " of " + std::to_string(2 * p) +
+                   " does not exist (stages are numbered 0 to " + std::to_string(2 * p - 1) + ")");
+  if (p > 1) {
+    EXPECT_ERROR(pp::Stage(part, R(), 2 * p + 1, shared_pg()),
+                 "pp: " + std::to_string(2 * p + 1) + " stages do not divide among the " + std::to_string(p) +
+                     " processes of the pipeline group (each process holds the same number of stages)");
+    const int other = (R() + 1) % p;
+    EXPECT_ERROR(pp::Stage(part, other, p, shared_pg()),
+                 "pp: stage " + std::to_string(other) + " runs on rank " + std::to_string(other) +
+                     " of its pipeline group (" + std::to_string(other) + " mod " + std::to_string(p) +
+                     "), but this process is rank " + std::to_string(R()));
+  }
+  // Two stages per process: the one-stage schedules refuse them; interleaved wants both, and a
+  // multiple of the processes as microbatches.
+  torch::nn::Sequential second = stage_part(whole_model(p), R());
+  pp::Stage a(part, R(), 2 * p, shared_pg()), b(second, R() + p, 2 * p, shared_pg());
+  EXPECT_ERROR(pp::ScheduleGPipe(a, 2 * p, loss),
+               "pp: GPipe runs one stage per process, and this pipeline has " + std::to_string(2 * p) + " stages over " +
+                   std::to_string(p) + " processes: use ScheduleInterleaved1F1B");
+  EXPECT_ERROR(pp::ScheduleInterleaved1F1B({&b}, 2 * p, loss),
+               "pp: interleaved 1F1B runs every stage this process holds (" + std::to_string(R()) + ", " +
+                   std::to_string(R() + p) + " of " + std::to_string(2 * p) + "); it was given " +
+                   std::to_string(R() + p));
+  EXPECT_ERROR(pp::ScheduleInterleaved1F1B({&a, &b, &a}, 2 * p, loss),
+               "pp: interleaved 1F1B runs every stage this process holds (" + std::to_string(R()) + ", " +
+                   std::to_string(R() + p) + " of " + std::to_string(2 * p) + "); it was given " + std::to_string(R()) +
+                   ", " + std::to_string(R()) + ", " + std::to_string(R() + p));
+  if (p > 1) {
+    EXPECT_ERROR(pp::ScheduleInterleaved1F1B({&b, &a}, p + 1, loss),
+                 "pp: interleaved 1F1B with " + std::to_string(p + 1) + " microbatches over " + std::to_string(p) +
+                     " processes: the microbatches must be a multiple of the processes (they go through each stage " +
+                     std::to_string(p) + " at a time)");
+  }
+  pp::ScheduleInterleaved1F1B given_in_any_order({&b, &a}, 2 * p, loss);
+  EXPECT_EQ(given_in_any_order.actions().front().stage, R());
 }
 
 namespace {

@@ -59,14 +59,15 @@ enum class ReduceOp { Sum, Avg, Max, Min, Product };
 const char* to_string(ReduceOp op);
 
 /// One operation of ProcessGroup::batch_isend_irecv (PyTorch's dist.P2POp): send `tensor` to, or
-/// receive it from, `peer` (a rank of the group the batch is issued on).
+/// receive it from, `peer` (a rank of the group the batch is issued on), with `tag`.
 struct P2POp {
   enum class Kind { Send, Recv };
   Kind kind = Kind::Send;
   at::Tensor tensor;
   int peer = 0;
-  static P2POp send(at::Tensor t, int to) { return {Kind::Send, std::move(t), to}; }
-  static P2POp recv(at::Tensor t, int from) { return {Kind::Recv, std::move(t), from}; }
+  int tag = 0;
+  static P2POp send(at::Tensor t, int to, int tag = 0) { return {Kind::Send, std::move(t), to, tag}; }
+  static P2POp recv(at::Tensor t, int from, int tag = 0) { return {Kind::Recv, std::move(t), from, tag}; }
 };
 
 /// Options of ProcessGroup::create.
@@ -174,14 +175,17 @@ class ProcessGroup {
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name = "");
 
   // Point-to-point (src/comm/point_to_point.cpp). Peers are ranks of this group. Messages between
-  // two ranks arrive in the order they were sent. They take no collective sequence number, so
-  // collectives keep the same numbers on every rank whatever p2p traffic some ranks have.
-  // Timeouts and failures name the operation, the peer's group and global rank, and which
-  // message to or from that peer it was.
-  c10::intrusive_ptr<c10d::Work> isend(const at::Tensor& tensor, int to);
-  c10::intrusive_ptr<c10d::Work> irecv(at::Tensor& tensor, int from);
-  void send(const at::Tensor& tensor, int to);
-  void recv(at::Tensor& tensor, int from);
+  // two ranks with the same tag arrive in the order they were sent; on Gloo and MPI a receive
+  // matches only a send of its tag (a tag >= 0), so streams of different tags between the same
+  // two ranks need not agree on their order. NCCL has no tags: there every message between two
+  // ranks is one stream. They take no collective sequence number, so collectives keep the same
+  // numbers on every rank whatever p2p traffic some ranks have. Timeouts and failures name the
+  // operation, the peer's group and global rank, the tag if not 0, and which message to or from
+  // that peer it was.
+  c10::intrusive_ptr<c10d::Work> isend(const at::Tensor& tensor, int to, int tag = 0);
+  c10::intrusive_ptr<c10d::Work> irecv(at::Tensor& tensor, int from, int tag = 0);
+  void send(const at::Tensor& tensor, int to, int tag = 0);
+  void recv(at::Tensor& tensor, int from, int tag = 0);
   /// Issues every operation, then returns their works (wait for each, with wait()). On NCCL the
   /// batch is one coalesced group, so a ring exchange cannot deadlock; on Gloo and MPI every
   /// operation is asynchronous anyway.
@@ -216,7 +220,7 @@ class ProcessGroup {
   std::shared_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, const std::string& name);
   /// A p2p operation's checks and description ("send of 4 Float to rank 1 (global 3) of group 'pp',
   /// message #2 to that rank"); counts the message.
-  std::string begin_p2p(const char* op, const at::Tensor& tensor, int peer, bool sending);
+  std::string begin_p2p(const char* op, const at::Tensor& tensor, int peer, int tag, bool sending);
   /// Numbers the next call and, in debug mode, checks it against the other ranks'. Called with
   /// issue_mutex_ held, which stays held until the backend has the call: numbers follow issue order.
   detail::CollectiveCall begin(detail::CollectiveKind kind, const at::Tensor* tensor, int64_t detail);

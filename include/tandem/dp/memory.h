@@ -79,6 +79,8 @@ class MemoryTracker {
     size_t previous_slot_;
   };
   int64_t peak(size_t replica) const;
+  /// Bytes allocated under this tracker's scopes for `replica` and not yet freed.
+  int64_t live(size_t replica) const;
   void reset_peaks();
   void ensure(size_t replicas);
 

@@ -1,22 +1,31 @@
 #pragma once
-// Pipeline schedules (PyTorch's ScheduleGPipe and Schedule1F1B): the order in which a stage runs
-// the forwards and backwards of a step's microbatches.
+// Pipeline schedules (PyTorch's ScheduleGPipe, Schedule1F1B and ScheduleInterleaved1F1B): the
+// order in which a process runs the forwards and backwards of a step's microbatches on its
+// stages. With P processes, m microbatches and v stages per process:
 //
-//   GPipe  every microbatch forward, then every one backward: simple, and a stage holds the
-//          activations of all m microbatches at once.
-//   1F1B   stage s runs p - s - 1 forwards first, then alternates one forward and one backward,
-//          then the last backwards: the same bubble, (p - 1) / (m + p - 1) of the step, and at
-//          most p - s microbatches' activations held at once.
+//   GPipe        every microbatch forward, then every one backward: simple, and a stage holds
+//                the activations of all m microbatches at once. One stage per process.
+//   1F1B         stage s runs P - s - 1 forwards first, then alternates one forward and one
+//                backward, then the last backwards: the same bubble, (P - 1) / (m + P - 1) of the
+//                step, and at most P - s microbatches' activations held at once. One stage per
+//                process.
+//   Interleaved  v stages per process (stage s on rank s mod P), Megatron-LM's interleaved 1F1B:
+//   1F1B         the forwards go P microbatches at a time through each of the process's stages in
+//                turn, the backwards likewise from the last; the bubble shrinks to
+//                (P - 1) / (v m + P - 1) of the step, for v times the messages. m must be a
+//                multiple of P.
 //
 // step(inputs, targets) splits the batch on dim 0 into m microbatches (sizes as at::tensor_split:
-// the first ones one larger when m does not divide the batch), reads `inputs` on the first stage
-// and `targets` on the last, and leaves every stage's parameters with the gradients of the
-// whole batch's loss: with Reduction::Mean the loss of microbatch i (its mean) counts
-// n_i / n, so the sum is the mean over the whole batch, even for uneven microbatches; with Sum it
-// counts as it is. It returns the microbatches' losses, unscaled, on the last stage (empty
-// elsewhere). Gradients accumulate into .grad as backward() does: zero them between steps.
+// the first ones one larger when m does not divide the batch), reads `inputs` where stage 0 runs
+// and `targets` where the last stage runs, and leaves every stage's parameters with the
+// gradients of the whole batch's loss: with Reduction::Mean the loss of microbatch i (its mean)
+// counts n_i / n, so the sum is the mean over the whole batch, even for uneven microbatches; with
+// Sum it counts as it is. It returns the microbatches' losses, unscaled, where the last stage runs
+// (empty elsewhere). Gradients accumulate into .grad as backward() does: zero them between steps.
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Reduction.h>
@@ -24,6 +33,10 @@
 #include <torch/arg.h>
 
 #include "tandem/pp/stage.h"
+
+namespace tandem::dp {
+class MemoryTracker;
+}
 
 namespace tandem::pp {
 
@@ -34,51 +47,101 @@ struct ScheduleOptions {
   /// How the loss function reduces over a microbatch: Mean (the microbatches' losses weighted by
   /// their sizes) or Sum (added as they are).
   TORCH_ARG(at::Reduction::Reduction, reduction) = at::Reduction::Mean;
+  /// Count the bytes this process allocates on the CPU during a step (Note [Step measurements]
+  /// in schedule.cpp): StepMeasurement::peak_bytes. Off by default (each allocation then takes a
+  /// lock and a map entry).
+  TORCH_ARG(bool, track_memory) = false;
+};
+
+enum class ActionKind { Forward, Backward };
+/// One action of a schedule: the forward or backward of `microbatch` on `stage` (a stage index of
+/// the whole pipeline).
+struct Action {
+  ActionKind kind;
+  int microbatch;
+  int stage;
+};
+
+// The orders of the schedules, for the process of rank `rank` among `processes` (pure functions:
+// the schedules run them; tests and tools read them without processes).
+std::vector<Action> gpipe_actions(int processes, int rank, int microbatches);
+std::vector<Action> one_f_one_b_actions(int processes, int rank, int microbatches);
+std::vector<Action> interleaved_actions(int processes, int stages_per_process, int rank, int microbatches);
+
+/// What the last step() measured on this process (Note [Step measurements] in schedule.cpp).
+struct StepMeasurement {
+  double seconds = 0;          // the whole step
+  double blocked_seconds = 0;  // waiting for a neighbour: in receives, and for the sends at the end
+  /// blocked / seconds: this process's share of the pipeline's bubble (an ideal pipeline of equal
+  /// stages: (P - 1) / (m + P - 1), or (P - 1) / (v m + P - 1) interleaved).
+  double bubble() const { return seconds > 0 ? blocked_seconds / seconds : 0; }
+  /// With track_memory: the most bytes allocated on the CPU during the step and alive at once,
+  /// beyond those alive when it began (activations kept for backward, and backward's transients).
+  std::optional<int64_t> peak_bytes;
 };
 
 class Schedule {
  public:
-  virtual ~Schedule() = default;
-  /// One training step over the batch (Note [Pipeline step] in schedule.cpp). Every stage of the
-  /// pipeline calls it; `inputs` matter on the first stage, `targets` on the last (pass an
-  /// undefined tensor elsewhere). One-line tandem::Error for a batch smaller than the number of
-  /// microbatches, and for any failure inside it, naming the stage, forward or backward, and the
-  /// microbatch ("pp: stage 1 failed in the forward of microbatch 2: ...").
+  virtual ~Schedule();
+  /// One training step over the batch (Note [Pipeline step] in schedule.cpp). Every process of
+  /// the pipeline calls it; `inputs` matter where stage 0 runs, `targets` where the last stage
+  /// runs (pass an undefined tensor elsewhere). One-line tandem::Error for a batch smaller than
+  /// the number of microbatches, and for any failure inside it, naming the stage, forward or
+  /// backward, and the microbatch ("pp: stage 1 failed in the forward of microbatch 2: ...").
   std::vector<at::Tensor> step(const at::Tensor& inputs, const at::Tensor& targets);
 
-  enum class Kind { Forward, Backward };
-  struct Action {
-    Kind kind;
-    int microbatch;
-  };
-  /// This stage's actions for one step, in order (what step() runs; tests read it).
+  using Kind = ActionKind;
+  /// This process's actions for one step, in order (what step() runs; tests read it).
   const std::vector<Action>& actions() const { return actions_; }
+  /// The last step's measurements on this process.
+  const StepMeasurement& last_step() const { return measured_; }
 
  protected:
-  /// One-line tandem::Error when `microbatches` < the number of stages (a pipeline that never
-  /// fills: refused, as the issue asks, rather than run with stages idle).
-  Schedule(Stage& stage, int microbatches, LossFn loss, ScheduleOptions options, const char* name);
-  std::vector<Action> actions_;
-  Stage& stage_;
+  /// `stages` are this process's stages of one pipeline (one group, stage s on rank s mod P), each
+  /// once, and only one unless `many_per_process`. One-line tandem::Error when they are not, and
+  /// when `microbatches` < P (a pipeline that never fills: refused rather than run with stages
+  /// idle).
+  Schedule(std::vector<Stage*> stages, int microbatches, LossFn loss, ScheduleOptions options, const char* name,
+           bool many_per_process);
+  /// Sets this process's actions to `order(rank)`; `order` gives any process's (Note [Releasing
+  /// sends] in stage.cpp reads the previous stages' processes' orders).
+  void set_order(const std::function<std::vector<Action>(int rank)>& order);
+  std::vector<Stage*> stages_;  // by stage index
   int microbatches_;
 
  private:
+  struct State;
+  std::vector<Action> actions_;
+  /// By stage (its place in stages_), then microbatch j: how many backwards the previous stage
+  /// has run once its activation of j arrives (their gradient sends can be released).
+  std::vector<std::vector<int>> backwards_before_;
   LossFn loss_;
   ScheduleOptions options_;
-  /// One action of step(): `in`, `out`, `scaled` (by microbatch) keep what its backward needs.
-  void run(const Action& a, const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& ys, int64_t total,
-           std::vector<at::Tensor>& in, std::vector<at::Tensor>& out, std::vector<at::Tensor>& scaled,
-           std::vector<at::Tensor>& losses);
+  StepMeasurement measured_;
+  std::unique_ptr<dp::MemoryTracker> memory_;  // with track_memory
+  Stage& stage(int index) const;
+  bool holds(int index) const;
+  /// One action of step(), with what its backward needs kept in `state`.
+  void run(const Action& a, State& state);
 };
 
 class ScheduleGPipe : public Schedule {
  public:
+  /// One stage per process (`stage`'s pipeline has as many stages as its group has processes).
   ScheduleGPipe(Stage& stage, int microbatches, LossFn loss, ScheduleOptions options = {});
 };
 
 class Schedule1F1B : public Schedule {
  public:
+  /// One stage per process (`stage`'s pipeline has as many stages as its group has processes).
   Schedule1F1B(Stage& stage, int microbatches, LossFn loss, ScheduleOptions options = {});
+};
+
+class ScheduleInterleaved1F1B : public Schedule {
+ public:
+  /// `stages`: this process's stages r, r + P, ... of the pipeline (v = num_stages / P of them).
+  /// One-line tandem::Error when `microbatches` is not a multiple of P.
+  ScheduleInterleaved1F1B(std::vector<Stage*> stages, int microbatches, LossFn loss, ScheduleOptions options = {});
 };
 
 }  // namespace tandem::pp

@@ -1,7 +1,7 @@
 #pragma once
 // Pipeline parallelism (PyTorch's torch.distributed.pipelining, docs/guide-pp.md): a model cut by
-// layers into stages, each stage on its own process of a pipeline group, microbatches in flight.
-// A Stage is this process's part of the model and its place in the pipeline; a Schedule
+// layers into stages, each stage on a process of a pipeline group, microbatches in flight.
+// A Stage is one part of the model and its place in the pipeline; a Schedule
 // (tandem/pp/schedule.h) runs the microbatches through the stages.
 //
 //   // 4 processes, each one stage of a 4-stage pipeline:
@@ -11,11 +11,15 @@
 //   tandem::pp::Schedule1F1B schedule(stage, /*microbatches=*/8, cross_entropy);
 //   auto losses = schedule.step(x, y);  // x read on stage 0, y on stage 3; gradients on every stage
 //
-// Stage s runs on rank s of the group. Activations travel forward from stage s to s + 1 as one
-// message of their shape and dtype and one of their values; their gradients travel back, the
-// shape already known. A stage's module takes one tensor and returns one.
+// Stage s runs on rank s mod P of a group of P processes: one stage per process when there are as
+// many stages as processes, or several (s = r, r + P, r + 2P, ...: the looped placement of
+// interleaved 1F1B). Activations travel forward from stage s to s + 1 as one message of their
+// shape and dtype and one of their values; their gradients travel back, the shape already known.
+// Each stage boundary and direction has its own tag (Note [Stage tags] in stage.cpp). A stage's
+// module takes one tensor and returns one.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -34,9 +38,9 @@ using Group = std::shared_ptr<comm::ProcessGroup>;
 class Stage {
  public:
   /// `module` (any module whose forward takes one tensor and returns one: a Sequential too) is
-  /// stage `index` of `num_stages`, on rank `index` of `group` (whose size is `num_stages`).
-  /// One-line tandem::Error for an index out of range, a group of another size or one where this
-  /// process is not rank `index`.
+  /// stage `index` of `num_stages`, on rank `index` mod `group->size()` (which must divide
+  /// `num_stages`). One-line tandem::Error for an index out of range, a group whose size does not
+  /// divide the stages, or one where this process is not the stage's rank.
   template <typename M>
   Stage(torch::nn::ModuleHolder<M> module, int index, int num_stages, Group group)
       : Stage(module.ptr(), [m = module.ptr()](const at::Tensor& x) -> at::Tensor { return m->forward(x); }, index,
@@ -49,22 +53,30 @@ class Stage {
   int num_stages() const { return num_stages_; }
   bool is_first() const { return index_ == 0; }
   bool is_last() const { return index_ == num_stages_ - 1; }
+  /// The rank of `stage`'s process in the group: stage mod the group's size.
+  int rank_of(int stage) const { return stage % group_->size(); }
   comm::ProcessGroup& group() const { return *group_; }
   /// This stage's module (for its parameters and the optimizer).
   torch::nn::Module& module() { return *module_; }
   /// The stage's forward on one microbatch.
   at::Tensor forward(const at::Tensor& input) { return forward_(input); }
 
-  // The messages between neighbours (the schedules' building blocks).
-  /// Sends `activation` to the next stage (asynchronously: the work is kept until wait_sends()).
-  void send_activation(const at::Tensor& activation);
+  // The messages between neighbours (the schedules' building blocks). A send is asynchronous:
+  // its tensors are kept until it is released (Note [Releasing sends] in stage.cpp).
+  /// Sends `activation`, of `microbatch`, to the next stage.
+  void send_activation(const at::Tensor& activation, int microbatch);
   /// Receives the previous stage's activation, of the shape and dtype it announces.
   at::Tensor recv_activation();
-  /// Sends `grad` (the gradient of this stage's input) to the previous stage (asynchronously).
-  void send_gradient(const at::Tensor& grad);
+  /// Sends `grad` (the gradient of this stage's input), of `microbatch`, to the previous stage.
+  void send_gradient(const at::Tensor& grad, int microbatch);
   /// Receives the gradient of this stage's output `like` (its shape and dtype) from the next stage.
   at::Tensor recv_gradient(const at::Tensor& like);
-  /// Waits for every send issued so far (their tensors are kept alive until then).
+  /// Waits for the send of `microbatch`'s activation and lets its tensors go (call it once the
+  /// next stage is known to have received it).
+  void release_activation_send(int microbatch);
+  /// The same for the gradient sends of the microbatches before `microbatch`.
+  void release_gradient_sends_before(int microbatch);
+  /// Waits for every send issued so far and lets their tensors go.
   void wait_sends();
   /// The line for this stage's failure `here`: led by the pipeline's first failure when another
   /// stage recorded one (Note [The first failed stage] in stage.cpp), else recorded as that.
@@ -75,7 +87,12 @@ class Stage {
   std::function<at::Tensor(const at::Tensor&)> forward_;
   int index_, num_stages_;
   Group group_;
-  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> sends_;
+  struct Send {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor tensor;  // kept alive until the send completes
+  };
+  std::map<int, std::vector<Send>> activation_sends_, gradient_sends_;  // by microbatch
+  void release(std::vector<Send>& sends);
 };
 
 }  // namespace tandem::pp
