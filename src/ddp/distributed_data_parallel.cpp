@@ -49,6 +49,11 @@ bool DdpCore::pre_forward() {
   return true;
 }
 
+void DdpCore::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+  reducer_->prepare_for_forward(/*synced=*/true);
+  reducer_->prepare_for_backward(outputs, /*outputs_complete=*/true, "std::vector<at::Tensor>");
+}
+
 void DdpCore::post_forward(const std::vector<at::Tensor>& outputs, bool outputs_complete,
                            const std::string& output_type) {
   reducer_->prepare_for_backward(outputs, outputs_complete, output_type);

@@ -32,6 +32,12 @@ namespace tandem::pp {
 //   microbatches: the whole batch's, as one process on the whole batch would have them.
 // - Neighbouring stages on the same process (one process holding every stage) hand their
 //   tensors over in memory, copied as a message would be.
+// - PP x DDP: a stage whose module is a DDP replica runs every forward of the step with
+//   synchronisation off, so that no backward but one touches the reducer; before its last
+//   backward in this process's order the schedule arms the reducer with that microbatch's output
+//   (DDP's prepare_for_backward), and that backward averages the sum of all the microbatches'
+//   gradients across the replicas, bucket by bucket as they become ready: one all-reduce per
+//   bucket per step, as PyTorch's pipeline stages do with no_sync and prepare_for_backward.
 // - The end: every send is waited for, so that the step's messages are all delivered before the
 //   optimizer changes the weights and the next step begins.
 //
@@ -134,6 +140,10 @@ void Schedule::set_order(const std::function<std::vector<Action>(int rank)>& ord
   const Stage& first = *stages_.front();
   actions_ = order(first.group().rank());
   backwards_before_.assign(stages_.size(), std::vector<int>(static_cast<size_t>(microbatches_), 0));
+  last_backward_.assign(stages_.size(), -1);
+  for (const Action& a : actions_) {
+    if (a.kind == ActionKind::Backward) last_backward_[static_cast<size_t>(a.stage / first.group().size())] = a.microbatch;
+  }
   for (size_t k = 0; k < stages_.size(); ++k) {
     const int s = stages_[k]->index();
     if (s == 0 || holds(s - 1)) continue;
@@ -182,6 +192,18 @@ std::vector<at::Tensor> Schedule::step(const at::Tensor& inputs, const at::Tenso
     counting.emplace(*memory_, 0);
     alive_before = memory_->live(0);
     memory_->reset_peaks();
+  }
+  // Data-parallel stages: every forward unsynchronised, the last backward armed (in run()).
+  struct SyncOff {
+    std::vector<Stage*> stages;
+    ~SyncOff() {
+      for (Stage* s : stages) s->data_parallel_sync().require(true);
+    }
+  } sync_off;
+  for (Stage* s : stages_) {
+    if (!s->data_parallel_sync()) continue;
+    s->data_parallel_sync().require(false);
+    sync_off.stages.push_back(s);
   }
   for (const Action& a : actions_) {
     // A failure names the stage, the action and the microbatch, led by the pipeline's first
@@ -251,6 +273,7 @@ void Schedule::run(const Action& a, State& state) {
                                 ? static_cast<double>(state.ys[i].size(0)) / static_cast<double>(state.total)
                                 : 1.0;
       state.scaled[k][i] = loss * weight;
+      state.out[k][i] = y;  // what a data-parallel stage arms its last backward with
       // A copy: a reduced loss may be a view of a buffer as large as the microbatch's output
       // (at::mse_loss's is), which the step would otherwise keep for every microbatch.
       state.losses.push_back(loss.detach().clone());
@@ -264,8 +287,14 @@ void Schedule::run(const Action& a, State& state) {
     }
     state.in[k][i] = x;
   } else {
+    if (st.data_parallel_sync() && a.microbatch == last_backward_[k]) {
+      // The stage's last backward of the step: it averages the sum of all microbatches'
+      // gradients across the data-parallel replicas, once, overlapped with this backward.
+      st.data_parallel_sync().arm(state.out[k][i]);
+    }
     if (st.is_last()) {
       state.scaled[k][i].backward();
+      state.out[k][i] = at::Tensor();
       state.scaled[k][i] = at::Tensor();
     } else {
       const at::Tensor& y = state.out[k][i];

@@ -25,6 +25,8 @@
 
 #include "support/distributed_main.h"
 #include "support/errors.h"
+#include "tandem/comm/device_mesh.h"
+#include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/memory.h"
 #include "tandem/pp/schedule.h"
 #include "tandem/pp/stage.h"
@@ -290,6 +292,72 @@ TEST(Pipeline, StepMeasuresItsTimeAndTheActivationsItHeld) {
   auto [xs, ys] = batch(m * per_microbatch, 12);
   plain.schedule->step(plain.first ? xs : at::Tensor(), plain.last ? ys : at::Tensor());
   EXPECT_FALSE(plain.schedule->last_step().peak_bytes.has_value());
+}
+
+// PP x DDP on a 2-D mesh, dp x pp = W/2 x 2: every pipeline trains its share of the batch, each
+// stage's module a DDP replica over mesh["dp"]. After each step the gradients equal one process's
+// on the whole batch, for every schedule; the data-parallel group all-reduces once per step and
+// DDP instance (one bucket each here), not once per microbatch.
+TEST(PipelineDataParallel, PpTimesDdpEqualsOneProcessOnTheWholeBatch) {
+  if (W() < 2 || W() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  const int stages_pp = 2, dp = W() / 2;
+  tandem::comm::DeviceMesh mesh(shared_pg(), {dp, stages_pp}, {"dp", "pp"});
+  const auto pp_group = mesh.group("pp"), dp_group = mesh.group("dp");
+  const int r = pp_group->rank(), d = dp_group->rank();
+  const int m = 2 * stages_pp;
+  for (Which which : {Which::GPipe, Which::OneFOneB, Which::Interleaved}) {
+    SCOPED_TRACE(which == Which::GPipe ? "GPipe" : which == Which::OneFOneB ? "1F1B" : "interleaved");
+    torch::nn::Sequential whole = whole_model(stages_pp);
+    const int v = which == Which::Interleaved ? 2 : 1, blocks = 2 / v;
+    std::vector<torch::nn::Sequential> parts;
+    std::vector<int> first_block;
+    std::vector<std::unique_ptr<pp::Stage>> stages;
+    for (int k = 0; k < v; ++k) {
+      const int s = k * stages_pp + r;
+      parts.push_back(part_of(whole, s * blocks, blocks));
+      first_block.push_back(s * blocks);
+      tandem::ddp::DistributedDataParallel replica(parts.back(), dp_group);
+      stages.push_back(std::make_unique<pp::Stage>(replica, s, v * stages_pp, pp_group));
+    }
+    pp::LossFn loss = [](const at::Tensor& out, const at::Tensor& t) { return at::mse_loss(out, t); };
+    std::unique_ptr<pp::Schedule> schedule;
+    if (which == Which::GPipe) schedule = std::make_unique<pp::ScheduleGPipe>(*stages[0], m, loss);
+    if (which == Which::OneFOneB) schedule = std::make_unique<pp::Schedule1F1B>(*stages[0], m, loss);
+    if (which == Which::Interleaved) {
+      schedule = std::make_unique<pp::ScheduleInterleaved1F1B>(std::vector<pp::Stage*>{stages[0].get(), stages[1].get()},
+                                                               m, loss);
+    }
+    std::vector<at::Tensor> mine, theirs;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      for (const auto& param : parts[k]->parameters()) mine.push_back(param);
+      for (int b = first_block[k]; b < first_block[k] + blocks; ++b) {
+        for (const auto& param : whole->ptr(static_cast<size_t>(2 * b))->parameters()) theirs.push_back(param);
+      }
+    }
+    torch::optim::SGD ref_opt(whole->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD opt(mine, torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 3; ++step) {
+      auto [x, y] = batch(4 * m * dp, 70 + static_cast<uint64_t>(step));
+      mse(whole->forward(x), y, at::Reduction::Mean).backward();
+      const auto before = dp_group->traffic();
+      const bool first = r == 0, last = r == stages_pp - 1;
+      schedule->step(first ? x.chunk(dp)[d] : at::Tensor(), last ? y.chunk(dp)[d] : at::Tensor());
+      const auto after = dp_group->traffic();
+      if (step == 2 && dp > 1) {
+        EXPECT_EQ(after.collectives - before.collectives, static_cast<uint64_t>(v)) << "all-reduces of the step";
+      }
+      for (size_t k = 0; k < mine.size(); ++k) {
+        ASSERT_TRUE(mine[k].grad().defined()) << "step " << step << ", parameter " << k;
+        EXPECT_TRUE(at::allclose(mine[k].grad(), theirs[k].grad(), 1e-5, 1e-6))
+            << "step " << step << ", parameter " << k << " on rank " << R() << ": largest difference "
+            << (mine[k].grad() - theirs[k].grad()).abs().max().item<double>();
+      }
+      ref_opt.step();
+      ref_opt.zero_grad();
+      opt.step();
+      opt.zero_grad();
+    }
+  }
 }
 
 TEST(PipelineErrors, BadMicrobatchCountsBatchesAndPlacementsAreOneLineErrors) {

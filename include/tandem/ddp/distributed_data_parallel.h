@@ -44,6 +44,9 @@ class DdpCore {
   bool pre_forward();
   void post_forward(const std::vector<at::Tensor>& outputs, bool outputs_complete, const std::string& output_type);
 
+  /// Arms gradient synchronisation for the next backward, as a synced forward with `outputs`
+  /// would (forwards run under no_sync, then one backward syncs what they accumulated).
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs);
   bool sync_enabled() const { return sync_; }
   void set_sync(bool enabled) { sync_ = enabled; }
   Reducer& reducer() { return *reducer_; }
@@ -125,6 +128,12 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   /// require_backward_grad_sync); no_sync() sets it to false for its scope.
   void set_require_backward_grad_sync(bool enabled) { core_->set_sync(enabled); }
   bool require_backward_grad_sync() const { return core_->sync_enabled(); }
+  /// Arms the next backward to synchronise every gradient accumulated so far, as if the forward
+  /// that produced `outputs` had been synced (PyTorch's reducer.prepare_for_backward, which its
+  /// pipeline stages call before their last backward of a step). For several forwards in flight:
+  /// run them all with set_require_backward_grad_sync(false), then call this with the output of
+  /// the forward whose backward runs last; that backward all-reduces the sum of all of them.
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs) { core_->prepare_for_backward(outputs); }
   /// Registers the reduction of each bucket (comm_hook.h); before the first forward.
   void register_comm_hook(CommHook hook) { core_->reducer().register_comm_hook(std::move(hook)); }
 

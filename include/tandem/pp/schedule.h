@@ -115,6 +115,9 @@ class Schedule {
   /// By stage (its place in stages_), then microbatch j: how many backwards the previous stage
   /// has run once its activation of j arrives (their gradient sends can be released).
   std::vector<std::vector<int>> backwards_before_;
+  /// By stage: the microbatch of its last backward in this process's order (where a
+  /// data-parallel stage synchronises).
+  std::vector<int> last_backward_;
   LossFn loss_;
   ScheduleOptions options_;
   StepMeasurement measured_;

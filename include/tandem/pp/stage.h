@@ -30,6 +30,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tandem/comm/process_group.h"
+#include "tandem/ddp/distributed_data_parallel.h"
 
 namespace tandem::pp {
 
@@ -45,6 +46,18 @@ class Stage {
   Stage(torch::nn::ModuleHolder<M> module, int index, int num_stages, Group group)
       : Stage(module.ptr(), [m = module.ptr()](const at::Tensor& x) -> at::Tensor { return m->forward(x); }, index,
               num_stages, std::move(group)) {}
+  /// A stage whose module is replicated across a data-parallel group (PP x DDP on a 2-D mesh:
+  /// `ddp` over mesh["dp"], `group` mesh["pp"]). The schedule runs every forward of a step
+  /// without synchronisation and arms `ddp` before the stage's last backward of the step, which
+  /// then averages the gradients of all microbatches across the replicas once, overlapped with
+  /// that backward (Note [Pipeline step] in schedule.cpp).
+  template <typename M>
+  Stage(ddp::DistributedDataParallel<M> ddp, int index, int num_stages, Group group)
+      : Stage(ddp.ptr(), [d = ddp.ptr()](const at::Tensor& x) -> at::Tensor { return d->forward(x); }, index,
+              num_stages, std::move(group)) {
+    sync_.require = [d = ddp.ptr().get()](bool on) { d->set_require_backward_grad_sync(on); };
+    sync_.arm = [d = ddp.ptr().get()](const at::Tensor& output) { d->prepare_for_backward({output}); };
+  }
   /// The same with the module and its forward apart.
   Stage(std::shared_ptr<torch::nn::Module> module, std::function<at::Tensor(const at::Tensor&)> forward, int index,
         int num_stages, Group group);
@@ -60,6 +73,16 @@ class Stage {
   torch::nn::Module& module() { return *module_; }
   /// The stage's forward on one microbatch.
   at::Tensor forward(const at::Tensor& input) { return forward_(input); }
+
+  /// How the stage's gradients are synchronised across data-parallel replicas, when they are:
+  /// `require` turns synchronisation of the next forwards on or off, `arm` makes the next
+  /// backward (from `output`) synchronise what has accumulated.
+  struct DataParallelSync {
+    std::function<void(bool)> require;
+    std::function<void(const at::Tensor& output)> arm;
+    explicit operator bool() const { return static_cast<bool>(arm); }
+  };
+  const DataParallelSync& data_parallel_sync() const { return sync_; }
 
   // The messages between neighbours (the schedules' building blocks). A send is asynchronous:
   // its tensors are kept until it is released (Note [Releasing sends] in stage.cpp).
@@ -87,6 +110,7 @@ class Stage {
   std::function<at::Tensor(const at::Tensor&)> forward_;
   int index_, num_stages_;
   Group group_;
+  DataParallelSync sync_;
   struct Send {
     c10::intrusive_ptr<c10d::Work> work;
     at::Tensor tensor;  // kept alive until the send completes
