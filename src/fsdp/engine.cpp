@@ -26,6 +26,16 @@
 //   parameters and accumulate, and the next synced backward reduce-scatters their sum: memory of
 //   one whole gradient, as DDP's accumulation costs.
 // Every rank must run the same units in the same order (the same graph), as in PyTorch's FSDP.
+//
+// Note [Several forwards in flight]
+// A pipeline stage runs several forwards before their backwards (GPipe: all of a step's; 1F1B:
+// up to P - s), all under no_sync, and arms only the last backward of the step to reduce-scatter
+// (prepare_for_backward: as if its forward had been synced). Each backward is self-contained: it
+// gathers each unit again in its pre-hook, the root's units too (a later forward's start or an
+// earlier backward's end freed them), and ends by resharding everything; a forward that finds
+// an earlier one's backward pending frees what it kept gathered (its backward gathers again).
+// The armed backward reduce-scatters the whole gradients the step accumulated: one reduction per
+// unit per step.
 #include "tandem/fsdp/engine.h"
 
 #include <algorithm>
@@ -512,6 +522,10 @@ void Engine::forward_failed(std::exception_ptr error) {
 
 bool Engine::sync() const { return s_->sync; }
 void Engine::set_sync(bool enabled) { s_->sync = enabled; }
+void Engine::prepare_for_backward() {
+  std::lock_guard<std::mutex> lock(s_->mutex);
+  s_->synced_forward = true;
+}
 
 void Engine::pre_backward(size_t unit) {
   State& s = *s_;
@@ -529,6 +543,11 @@ void Engine::pre_backward(size_t unit) {
   if (!root) {
     s.start_gather(unit);
     s.units[unit]->finish_gather();
+  } else {
+    // Gathered since the forward, unless another forward or backward ran since (Note [Several
+    // forwards in flight]); then gathered again now.
+    for (size_t u : s.root_units) s.start_gather(u);
+    for (size_t u : s.root_units) s.units[u]->finish_gather();
   }
   s.note_peak();
   if (!s.options.prefetch()) return;

@@ -28,6 +28,7 @@
 #include "tandem/comm/device_mesh.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/memory.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/pp/schedule.h"
 #include "tandem/pp/stage.h"
 
@@ -294,11 +295,14 @@ TEST(Pipeline, StepMeasuresItsTimeAndTheActivationsItHeld) {
   EXPECT_FALSE(plain.schedule->last_step().peak_bytes.has_value());
 }
 
-// PP x DDP on a 2-D mesh, dp x pp = W/2 x 2: every pipeline trains its share of the batch, each
-// stage's module a DDP replica over mesh["dp"]. After each step the gradients equal one process's
-// on the whole batch, for every schedule; the data-parallel group all-reduces once per step and
-// DDP instance (one bucket each here), not once per microbatch.
-TEST(PipelineDataParallel, PpTimesDdpEqualsOneProcessOnTheWholeBatch) {
+// PP x DDP and PP x FSDP on a 2-D mesh, dp x pp = W/2 x 2: every pipeline trains its share of
+// the batch, each stage's module a DDP replica (or FSDP shard) over mesh["dp"]. After each step
+// the weights equal one process's on the whole batch, for every schedule; the data-parallel group
+// reduces once per step (DDP: one all-reduce per instance, its one bucket; FSDP: one
+// reduce-scatter per unit), not once per microbatch.
+enum class Replica { Ddp, Fsdp };
+
+void pipeline_times_data_parallel(Replica replica) {
   if (W() < 2 || W() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
   const int stages_pp = 2, dp = W() / 2;
   tandem::comm::DeviceMesh mesh(shared_pg(), {dp, stages_pp}, {"dp", "pp"});
@@ -312,12 +316,21 @@ TEST(PipelineDataParallel, PpTimesDdpEqualsOneProcessOnTheWholeBatch) {
     std::vector<torch::nn::Sequential> parts;
     std::vector<int> first_block;
     std::vector<std::unique_ptr<pp::Stage>> stages;
+    std::vector<tandem::fsdp::FullyShardedDataParallel<torch::nn::Sequential>> sharded;
+    std::vector<at::Tensor> trained;  // what the optimizer steps
     for (int k = 0; k < v; ++k) {
       const int s = k * stages_pp + r;
       parts.push_back(part_of(whole, s * blocks, blocks));
       first_block.push_back(s * blocks);
-      tandem::ddp::DistributedDataParallel replica(parts.back(), dp_group);
-      stages.push_back(std::make_unique<pp::Stage>(replica, s, v * stages_pp, pp_group));
+      if (replica == Replica::Ddp) {
+        tandem::ddp::DistributedDataParallel wrapped(parts.back(), dp_group);
+        stages.push_back(std::make_unique<pp::Stage>(wrapped, s, v * stages_pp, pp_group));
+        for (const auto& param : parts.back()->parameters()) trained.push_back(param);
+      } else {
+        sharded.emplace_back(parts.back(), dp_group);
+        stages.push_back(std::make_unique<pp::Stage>(sharded.back(), s, v * stages_pp, pp_group));
+        for (const auto& shard : sharded.back()->shard_parameters()) trained.push_back(shard);
+      }
     }
     pp::LossFn loss = [](const at::Tensor& out, const at::Tensor& t) { return at::mse_loss(out, t); };
     std::unique_ptr<pp::Schedule> schedule;
@@ -327,38 +340,67 @@ TEST(PipelineDataParallel, PpTimesDdpEqualsOneProcessOnTheWholeBatch) {
       schedule = std::make_unique<pp::ScheduleInterleaved1F1B>(std::vector<pp::Stage*>{stages[0].get(), stages[1].get()},
                                                                m, loss);
     }
-    std::vector<at::Tensor> mine, theirs;
+    // The reference's parameters of this rank's blocks, in the parts' order.
+    std::vector<at::Tensor> theirs;
     for (size_t k = 0; k < parts.size(); ++k) {
-      for (const auto& param : parts[k]->parameters()) mine.push_back(param);
       for (int b = first_block[k]; b < first_block[k] + blocks; ++b) {
         for (const auto& param : whole->ptr(static_cast<size_t>(2 * b))->parameters()) theirs.push_back(param);
       }
     }
+    auto gathers = [&] {
+      int64_t n = 0;
+      for (auto& f : sharded) {
+        for (const auto& unit : f->units()) n += unit.gathers;
+      }
+      return n;
+    };
+    size_t units = 0;
+    for (auto& f : sharded) units += f->units().size();
     torch::optim::SGD ref_opt(whole->parameters(), torch::optim::SGDOptions(0.1));
-    torch::optim::SGD opt(mine, torch::optim::SGDOptions(0.1));
+    torch::optim::SGD opt(trained, torch::optim::SGDOptions(0.1));
     for (int step = 0; step < 3; ++step) {
       auto [x, y] = batch(4 * m * dp, 70 + static_cast<uint64_t>(step));
       mse(whole->forward(x), y, at::Reduction::Mean).backward();
       const auto before = dp_group->traffic();
+      const int64_t gathers_before = gathers();
       const bool first = r == 0, last = r == stages_pp - 1;
       schedule->step(first ? x.chunk(dp)[d] : at::Tensor(), last ? y.chunk(dp)[d] : at::Tensor());
-      const auto after = dp_group->traffic();
+      const uint64_t collectives = dp_group->traffic().collectives - before.collectives;
       if (step == 2 && dp > 1) {
-        EXPECT_EQ(after.collectives - before.collectives, static_cast<uint64_t>(v)) << "all-reduces of the step";
-      }
-      for (size_t k = 0; k < mine.size(); ++k) {
-        ASSERT_TRUE(mine[k].grad().defined()) << "step " << step << ", parameter " << k;
-        EXPECT_TRUE(at::allclose(mine[k].grad(), theirs[k].grad(), 1e-5, 1e-6))
-            << "step " << step << ", parameter " << k << " on rank " << R() << ": largest difference "
-            << (mine[k].grad() - theirs[k].grad()).abs().max().item<double>();
+        if (replica == Replica::Ddp) {
+          EXPECT_EQ(collectives, static_cast<uint64_t>(v)) << "all-reduces of the step";
+        } else {
+          EXPECT_EQ(collectives - static_cast<uint64_t>(gathers() - gathers_before), units) << "reduce-scatters of the step";
+        }
       }
       ref_opt.step();
       ref_opt.zero_grad();
       opt.step();
       opt.zero_grad();
+      // This rank's blocks, whole, against the reference's after the same step.
+      std::vector<at::Tensor> mine;
+      if (replica == Replica::Ddp) {
+        for (const auto& part : parts) {
+          for (const auto& param : part->parameters()) mine.push_back(param);
+        }
+      } else {
+        for (auto& f : sharded) {
+          for (auto& [name, whole_param] : f->gather_parameters()) mine.push_back(whole_param);
+        }
+      }
+      ASSERT_EQ(mine.size(), theirs.size());
+      for (size_t k = 0; k < mine.size(); ++k) {
+        EXPECT_TRUE(at::allclose(mine[k], theirs[k], 1e-5, 1e-6))
+            << "after step " << step << ", parameter " << k << " on rank " << R() << ": largest difference "
+            << (mine[k] - theirs[k]).abs().max().item<double>();
+      }
     }
   }
 }
+
+TEST(PipelineDataParallel, PpTimesDdpEqualsOneProcessOnTheWholeBatch) { pipeline_times_data_parallel(Replica::Ddp); }
+
+TEST(PipelineDataParallel, PpTimesFsdpEqualsOneProcessOnTheWholeBatch) { pipeline_times_data_parallel(Replica::Fsdp); }
 
 TEST(PipelineErrors, BadMicrobatchCountsBatchesAndPlacementsAreOneLineErrors) {
   const int p = W();

@@ -77,6 +77,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   bool sync() const;
   void set_sync(bool enabled);
+  /// Makes the next backward reduce-scatter, whatever its forward decided (Note [Several forwards
+  /// in flight] in engine.cpp).
+  void prepare_for_backward();
 
   /// The optimizer's parameters: each parameter's shard (its owned rows), under the parameter's
   /// name, in the root's order.

@@ -111,6 +111,12 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
 
   /// Local accumulation while the returned guard lives (whole gradients, reduced at the next synced backward).
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*engine_); }
+  /// Whether the next forwards' backwards reduce-scatter (FSDP2's set_requires_gradient_sync).
+  void set_requires_gradient_sync(bool enabled) { engine_->set_sync(enabled); }
+  /// Arms the next backward to reduce-scatter every gradient accumulated so far, as if its forward
+  /// had been synced: for several forwards in flight (a pipeline stage), run them all without
+  /// sync, then call this before the last backward (Note [Several forwards in flight]).
+  void prepare_for_backward() { engine_->prepare_for_backward(); }
 
   /// What the optimizer steps: this rank's shard of every parameter.
   std::vector<at::Tensor> shard_parameters() const {

@@ -31,6 +31,7 @@
 
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
 
 namespace tandem::pp {
 
@@ -57,6 +58,15 @@ class Stage {
               num_stages, std::move(group)) {
     sync_.require = [d = ddp.ptr().get()](bool on) { d->set_require_backward_grad_sync(on); };
     sync_.arm = [d = ddp.ptr().get()](const at::Tensor& output) { d->prepare_for_backward({output}); };
+  }
+  /// A stage whose module is sharded across a data-parallel group (PP x FSDP: `fsdp` over
+  /// mesh["dp"]): the same, with FSDP's reduce-scatter in the stage's last backward.
+  template <typename M>
+  Stage(fsdp::FullyShardedDataParallel<M> fsdp, int index, int num_stages, Group group)
+      : Stage(fsdp.ptr(), [f = fsdp.ptr()](const at::Tensor& x) -> at::Tensor { return f->forward(x); }, index,
+              num_stages, std::move(group)) {
+    sync_.require = [f = fsdp.ptr().get()](bool on) { f->set_requires_gradient_sync(on); };
+    sync_.arm = [f = fsdp.ptr().get()](const at::Tensor&) { f->prepare_for_backward(); };
   }
   /// The same with the module and its forward apart.
   Stage(std::shared_ptr<torch::nn::Module> module, std::function<at::Tensor(const at::Tensor&)> forward, int index,
