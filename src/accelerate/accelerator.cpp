@@ -76,7 +76,11 @@ void Accelerator::initialize() {
   if (!pg_ && (world_.world_size > 1 || plan_.strategy == Strategy::Ddp || plan_.strategy == Strategy::Fsdp)) {
     pg_ = comm::ProcessGroup::create(world_, comm::ProcessGroupOptions().timeout(options_.collective_timeout()));
   }
-  if (plan_.tp > 1) {
+  if (plan_.pp > 1) {  // Note [Parallelism plan]: pipeline stages slowest (tp_size is 1 with them)
+    mesh_.emplace(pg_, std::vector<int64_t>{plan_.pp, plan_.replicate, plan_.shard},
+                  std::vector<std::string>{"pp", "replicate", "shard"});
+    dp_group_ = mesh_->flatten({"replicate", "shard"}, "dp").group();
+  } else if (plan_.tp > 1) {
     mesh_.emplace(pg_, std::vector<int64_t>{plan_.replicate, plan_.shard, plan_.tp},
                   std::vector<std::string>{"replicate", "shard", "tp"});
     dp_group_ = mesh_->flatten({"replicate", "shard"}, "dp").group();
@@ -93,7 +97,38 @@ void Accelerator::initialize() {
   print("tandem: strategy %s (%s), device %s, mixed precision %s, %d process%s%s\n", to_string(plan_.strategy),
         reason_.c_str(), device_.str().c_str(), to_string(options_.mixed_precision()), world_.world_size,
         world_.world_size == 1 ? "" : "es",
-        plan_.hybrid() || plan_.tp > 1 ? (" as " + plan_.describe()).c_str() : "");
+        plan_.hybrid() || plan_.tp > 1 || plan_.pp > 1 ? (" as " + plan_.describe()).c_str() : "");
+}
+
+std::shared_ptr<comm::ProcessGroup> Accelerator::pipeline_group() {
+  if (plan_.pp > 1) return mesh_->group("pp");
+  if (!pipeline_group_) {
+    pipeline_group_ = pg_ ? pg_->split(world_.rank, "pp") : comm::ProcessGroup::create(world_);
+  }
+  return pipeline_group_;
+}
+
+std::vector<int> Accelerator::pipeline_stages(int stages) const {
+  TANDEM_CHECK(stages >= plan_.pp && stages % plan_.pp == 0, "pipeline_stages: ", stages,
+               " stages over pp_size ", plan_.pp, ": each process holds the same number of stages");
+  std::vector<int> mine;
+  for (int s = pipeline_rank(); s < stages; s += plan_.pp) mine.push_back(s);
+  return mine;
+}
+
+void Accelerator::check_pipeline(size_t stages, const PipelineOptions& options) const {
+  TANDEM_CHECK(stages >= 1, "prepare_pipeline: no stage given (this process's parts of the model)");
+  TANDEM_CHECK(stages == 1 || options.schedule() == PipelineSchedule::Interleaved1F1B, "prepare_pipeline: ", stages,
+               " stages on this process: only PipelineSchedule::Interleaved1F1B runs several per process");
+  TANDEM_CHECK(options_.mixed_precision() != Precision::Fp16, "prepare_pipeline: fp16 under a pipeline is not built "
+               "yet (its loss scale would have to reach every stage's backward); use Precision::Bf16");
+  TANDEM_CHECK(options_.gradient_accumulation_steps() == 1, "prepare_pipeline: gradient_accumulation_steps ",
+               options_.gradient_accumulation_steps(), ": a pipeline step accumulates its microbatches already; raise "
+               "PipelineOptions::microbatches instead");
+  TANDEM_CHECK(options_.zero_stage() == 0, "prepare_pipeline: zero_stage ", options_.zero_stage(),
+               " over pipeline stages is not built yet; use Strategy::Fsdp (it shards each stage) or zero_stage 0");
+  TANDEM_CHECK(plan_.strategy != Strategy::DataParallel, "prepare_pipeline: DataParallel runs in one process; a "
+               "pipeline's stages run one process each (Strategy::Ddp, Fsdp or Auto)");
 }
 
 Accelerator::~Accelerator() = default;
@@ -384,7 +419,7 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
       if (scaler_->state_of(o->optimizer()) == amp::OptState::Ready) scaler_->unscale(o->optimizer());
     }
   }
-  if (plan_.tp > 1) return clip_tensor_parallel(parameters, max_norm, norm_type);
+  if (plan_.tp > 1 || plan_.pp > 1) return clip_tensor_parallel(parameters, max_norm, norm_type);
   // One optimizer (the common case) clips its own way; several: each gradient counted where its
   // optimizer keeps it (ZeRO-1's owners, rank 0 for whole ones). Gradients split into pieces
   // (ZeRO-2, FSDP) are each optimizer's own, so one norm over several of them is refused.
@@ -406,7 +441,8 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
 // every replica. The norm counts each piece once over the whole job: a cut parameter's on the
 // first data-parallel rank (the first replica under FSDP), a whole one's there and on the first
 // tensor-parallel rank only; one all-reduce over every process sums them, and every rank scales
-// what it holds by torch's coefficient.
+// what it holds by torch's coefficient. Pipeline stages are pieces the same way: each stage's
+// parameters are on its own processes only, counted on the first data-parallel rank of them.
 double Accelerator::clip_tensor_parallel(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
   std::vector<at::Tensor> grads;
   std::vector<bool> counted;

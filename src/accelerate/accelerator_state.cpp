@@ -211,6 +211,8 @@ std::vector<at::Tensor> Accelerator::held_parameters(size_t o) const {
 // own box of each tensor, whatever cut, mesh or strategy wrote them: a job at tp_size 2 resumes at
 // tp_size 1 or 4, under DDP or FSDP, and the other way round.
 std::string Accelerator::save_state(const std::string& root) {
+  TANDEM_CHECK(plan_.pp == 1, "save_state: checkpoints of pipeline stages (pp_size ", plan_.pp,
+               ") are not built yet: each stage would have to write the tensors only it holds");
   // Accumulated gradients are not part of a checkpoint: a save between synchronisations would
   // resume differently, silently. (The condition is the same on every rank.)
   TANDEM_CHECK(sync_gradients_, "save_state: called in the middle of gradient accumulation (batch ",
@@ -397,6 +399,8 @@ std::string Accelerator::save_state(const std::string& root) {
 // ranks agree on the outcome before anything changes: a damaged or foreign file stops every rank
 // with the model, the optimizers and the loop exactly as they were, never half-loaded.
 void Accelerator::load_state(const std::string& path) {
+  TANDEM_CHECK(plan_.pp == 1, "load_state: checkpoints of pipeline stages (pp_size ", plan_.pp,
+               ") are not built yet");
   std::string dir = path;
   struct Staged {
     nlohmann::json state;

@@ -29,9 +29,6 @@ ParallelismPlan plan_parallelism(const ParallelismConfig& config, Strategy asked
                " must be at least 0 (0: what the other sizes leave under Strategy::Fsdp, else 1)");
   TANDEM_CHECK(config.tp_size() >= 1, "parallelism: tp_size ", config.tp_size(), " must be at least 1");
   TANDEM_CHECK(config.pp_size() >= 1, "parallelism: pp_size ", config.pp_size(), " must be at least 1");
-  TANDEM_CHECK(config.pp_size() == 1, "parallelism: pp_size ", config.pp_size(),
-               ": the Accelerator does not compose pipelines yet (tandem::pp::Stage and its schedules run one "
-               "by hand: docs/guide-pp.md); use pp_size 1");
   ParallelismPlan plan;
   plan.strategy = asked;
   plan.tp = config.tp_size();
@@ -40,6 +37,11 @@ ParallelismPlan plan_parallelism(const ParallelismConfig& config, Strategy asked
                "parallelism: tp_size ", plan.tp, " with Strategy::", to_string(asked),
                ": tensor parallelism runs one process per piece of each layer; use Strategy::Ddp or Fsdp (or Auto) "
                "for the other dimensions");
+  TANDEM_CHECK(plan.pp == 1 || asked == Strategy::Auto || asked == Strategy::Ddp || asked == Strategy::Fsdp,
+               "parallelism: pp_size ", plan.pp, " with Strategy::", to_string(asked),
+               ": pipeline stages run one process each; use Strategy::Ddp or Fsdp (or Auto) for the other dimensions");
+  TANDEM_CHECK(plan.pp == 1 || plan.tp == 1, "parallelism: tp_size ", plan.tp, " with pp_size ", plan.pp,
+               ": tensor parallelism inside pipeline stages is not built yet; use one of the two");
   const bool shards = config.shard_size() > 1 || (config.shard_size() == 0 && asked == Strategy::Fsdp);
   if (asked == Strategy::Auto && config.shard_size() > 1) plan.strategy = Strategy::Fsdp;
   TANDEM_CHECK(!shards || plan.strategy == Strategy::Fsdp, "parallelism: shard_size ", config.shard_size(),

@@ -43,12 +43,13 @@ c10::Device device_of(const comm::ProcessGroup& group) {
 }  // namespace
 
 Stage::Stage(std::shared_ptr<torch::nn::Module> module, std::function<at::Tensor(const at::Tensor&)> forward, int index,
-             int num_stages, Group group)
+             int num_stages, Group group, DataParallelSync sync)
     : module_(std::move(module)),
       forward_(std::move(forward)),
       index_(index),
       num_stages_(num_stages),
-      group_(std::move(group)) {
+      group_(std::move(group)),
+      sync_(std::move(sync)) {
   TANDEM_CHECK(module_ && forward_, "pp: a stage needs a module");
   TANDEM_CHECK(group_, "pp: a stage needs a process group");
   TANDEM_CHECK(num_stages_ >= 1 && index_ >= 0 && index_ < num_stages_, "pp: stage ", index_, " of ", num_stages_,

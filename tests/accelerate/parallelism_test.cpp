@@ -49,6 +49,14 @@ TEST(ParallelismPlan, TensorParallelismTakesItsShareFirst) {
   EXPECT_EQ(sizes(plan_parallelism(ParallelismConfig().tp_size(4), Strategy::Ddp, 4)), "1,1,4,1");
 }
 
+TEST(ParallelismPlan, PipelineStagesTakeTheirShareFirst) {
+  EXPECT_EQ(sizes(plan_parallelism(ParallelismConfig().pp_size(2), Strategy::Ddp, 4)), "2,1,1,2");
+  EXPECT_EQ(sizes(plan_parallelism(ParallelismConfig().pp_size(2), Strategy::Fsdp, 8)), "1,4,1,2");
+  EXPECT_EQ(sizes(plan_parallelism(ParallelismConfig().pp_size(4), Strategy::Auto, 4)), "1,1,1,4");
+  EXPECT_EQ(plan_parallelism(ParallelismConfig().pp_size(2).shard_size(2), Strategy::Fsdp, 8).describe(),
+            "pp 2 x replicate 2 x shard 2");
+}
+
 TEST(ParallelismPlan, ImpossibleLayoutsAreOneLineErrors) {
   EXPECT_ERROR(plan_parallelism(ParallelismConfig().shard_size(3), Strategy::Fsdp, 4),
                "parallelism: replicate_size x shard_size x tp_size x pp_size = 0 x 3 x 1 x 1 does not divide the 4 "
@@ -71,9 +79,15 @@ TEST(ParallelismPlan, ImpossibleLayoutsAreOneLineErrors) {
   EXPECT_ERROR(plan_parallelism(ParallelismConfig().tp_size(2), Strategy::DataParallel, 2),
                "parallelism: tp_size 2 with Strategy::dp: tensor parallelism runs one process per piece of each "
                "layer; use Strategy::Ddp or Fsdp (or Auto) for the other dimensions");
-  EXPECT_ERROR(plan_parallelism(ParallelismConfig().pp_size(2), Strategy::Ddp, 4),
-               "parallelism: pp_size 2: the Accelerator does not compose pipelines yet (tandem::pp::Stage and its "
-               "schedules run one by hand: docs/guide-pp.md); use pp_size 1");
+  EXPECT_ERROR(plan_parallelism(ParallelismConfig().pp_size(2).tp_size(2), Strategy::Ddp, 4),
+               "parallelism: tp_size 2 with pp_size 2: tensor parallelism inside pipeline stages is not built yet; "
+               "use one of the two");
+  EXPECT_ERROR(plan_parallelism(ParallelismConfig().pp_size(2), Strategy::DataParallel, 2),
+               "parallelism: pp_size 2 with Strategy::dp: pipeline stages run one process each; use Strategy::Ddp or "
+               "Fsdp (or Auto) for the other dimensions");
+  EXPECT_ERROR(plan_parallelism(ParallelismConfig().pp_size(3), Strategy::Ddp, 4),
+               "parallelism: replicate_size x shard_size x tp_size x pp_size = 0 x 0 x 1 x 3 does not divide the 4 "
+               "processes launched: the sizes must multiply to the number of processes");
   EXPECT_ERROR(plan_parallelism(ParallelismConfig().tp_size(0), Strategy::Ddp, 4),
                "parallelism: tp_size 0 must be at least 1");
   EXPECT_ERROR(plan_parallelism(ParallelismConfig().replicate_size(-1), Strategy::Ddp, 4),

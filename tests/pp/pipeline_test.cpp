@@ -25,6 +25,7 @@
 
 #include "support/distributed_main.h"
 #include "support/errors.h"
+#include "tandem/accelerate/accelerator.h"
 #include "tandem/comm/device_mesh.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/memory.h"
@@ -401,6 +402,113 @@ void pipeline_times_data_parallel(Replica replica) {
 TEST(PipelineDataParallel, PpTimesDdpEqualsOneProcessOnTheWholeBatch) { pipeline_times_data_parallel(Replica::Ddp); }
 
 TEST(PipelineDataParallel, PpTimesFsdpEqualsOneProcessOnTheWholeBatch) { pipeline_times_data_parallel(Replica::Fsdp); }
+
+// The Accelerator with pp_size: the same training loop as one process's, the model cut into
+// stages (one per process, or two under interleaved 1F1B), DDP or FSDP over what pp_size leaves,
+// gradients clipped over every stage's parameters (to half the reference's norm, so the clip
+// bites). The weights after each step equal one process's on the whole batch. At 1 process the
+// same loop runs with pp_size 1.
+void accelerator_pipeline(tandem::Strategy strategy, tandem::PipelineSchedule kind) {
+  const int P = W() >= 2 ? 2 : 1;
+  tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions().strategy(strategy).progress(false).parallelism(
+                                           tandem::ParallelismConfig().pp_size(P)));
+  const int v = kind == tandem::PipelineSchedule::Interleaved1F1B ? 2 : 1, blocks = 2 / v;
+  torch::nn::Sequential whole = whole_model(P);
+  std::vector<torch::nn::Sequential> parts;
+  std::vector<int> first_block;
+  for (int s : acc.pipeline_stages(v * P)) {
+    parts.push_back(part_of(whole, s * blocks, blocks));
+    first_block.push_back(s * blocks);
+  }
+  const int dp = acc.data_parallel_size(), m = 2 * P;
+  auto pipe = acc.prepare_pipeline(parts, [](const at::Tensor& o, const at::Tensor& t) { return at::mse_loss(o, t); },
+                                   tandem::PipelineOptions().schedule(kind).microbatches(m));
+  torch::optim::SGD opt(pipe.parameters(), torch::optim::SGDOptions(0.1));
+  acc.prepare_optimizer(opt);
+  torch::optim::SGD ref_opt(whole->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = batch(4 * m * dp, 90 + static_cast<uint64_t>(step));
+    mse(whole->forward(x), y, at::Reduction::Mean).backward();
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(whole->parameters(), 1e9);
+    torch::nn::utils::clip_grad_norm_(whole->parameters(), ref_norm / 2);
+    ref_opt.step();
+    ref_opt.zero_grad();
+    const auto mine_x = x.chunk(dp)[acc.data_parallel_rank()], mine_y = y.chunk(dp)[acc.data_parallel_rank()];
+    const auto losses = pipe.step(pipe.is_first() ? mine_x : at::Tensor(), pipe.is_last() ? mine_y : at::Tensor());
+    EXPECT_EQ(losses.size(), pipe.is_last() ? static_cast<size_t>(m) : 0u);
+    const double norm = acc.clip_grad_norm(pipe.parameters(), ref_norm / 2);
+    EXPECT_NEAR(norm, ref_norm, 1e-5 * ref_norm) << "step " << step;
+    acc.step(opt);
+    acc.zero_grad(opt);
+    for (size_t k = 0; k < parts.size(); ++k) {
+      std::vector<at::Tensor> mine, theirs;
+      if (strategy == tandem::Strategy::Fsdp) {
+        for (auto& [name, param] : pipe.models()[k]->fsdp()->gather_parameters()) mine.push_back(param);
+      } else {
+        mine = parts[k]->parameters();
+      }
+      for (int b = first_block[k]; b < first_block[k] + blocks; ++b) {
+        for (const auto& param : whole->ptr(static_cast<size_t>(2 * b))->parameters()) theirs.push_back(param);
+      }
+      ASSERT_EQ(mine.size(), theirs.size());
+      for (size_t i = 0; i < mine.size(); ++i) {
+        EXPECT_TRUE(at::allclose(mine[i], theirs[i], 1e-5, 1e-6))
+            << "after step " << step << ", stage part " << k << ", parameter " << i << " on rank " << R()
+            << ": largest difference " << (mine[i] - theirs[i]).abs().max().item<double>();
+      }
+    }
+  }
+}
+
+TEST(AcceleratorPipeline, DdpAndOneFOneBTrainAsOneProcess) {
+  accelerator_pipeline(tandem::Strategy::Ddp, tandem::PipelineSchedule::OneFOneB);
+}
+
+TEST(AcceleratorPipeline, FsdpAndGPipeTrainAsOneProcess) {
+  accelerator_pipeline(tandem::Strategy::Fsdp, tandem::PipelineSchedule::GPipe);
+}
+
+TEST(AcceleratorPipeline, DdpAndInterleavedTrainAsOneProcess) {
+  accelerator_pipeline(tandem::Strategy::Ddp, tandem::PipelineSchedule::Interleaved1F1B);
+}
+
+TEST(AcceleratorPipeline, WhatItCannotComposeIsAOneLineError) {
+  const int P = W() >= 2 ? 2 : 1;
+  auto loss = [](const at::Tensor& o, const at::Tensor& t) { return at::mse_loss(o, t); };
+  auto config = tandem::ParallelismConfig().pp_size(P);
+  torch::nn::Sequential whole = whole_model(P);
+  {
+    tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions().progress(false).parallelism(config));
+    EXPECT_ERROR(acc.prepare_pipeline(std::vector<torch::nn::Sequential>{}, loss),
+                 "prepare_pipeline: no stage given (this process's parts of the model)");
+    EXPECT_ERROR(acc.prepare_pipeline(std::vector<torch::nn::Sequential>{part_of(whole, 0, 1), part_of(whole, 1, 1)}, loss),
+                 "prepare_pipeline: 2 stages on this process: only PipelineSchedule::Interleaved1F1B runs several per "
+                 "process");
+    if (P > 1) {
+      EXPECT_ERROR(acc.pipeline_stages(P + 1), "pipeline_stages: " + std::to_string(P + 1) + " stages over pp_size " +
+                                                   std::to_string(P) + ": each process holds the same number of stages");
+      EXPECT_ERROR(acc.save_state("/tmp/tandem-never-written"),
+                   "save_state: checkpoints of pipeline stages (pp_size 2) are not built yet: each stage would have to "
+                   "write the tensors only it holds");
+    }
+  }
+  {
+    tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions()
+                                             .progress(false)
+                                             .mixed_precision(tandem::Precision::Fp16)
+                                             .parallelism(config));
+    EXPECT_ERROR(acc.prepare_pipeline(std::vector<torch::nn::Sequential>{part_of(whole, 0, 1)}, loss),
+                 "prepare_pipeline: fp16 under a pipeline is not built yet (its loss scale would have to reach every "
+                 "stage's backward); use Precision::Bf16");
+  }
+  {
+    tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions().progress(false).gradient_accumulation_steps(2).parallelism(
+                                             config));
+    EXPECT_ERROR(acc.prepare_pipeline(std::vector<torch::nn::Sequential>{part_of(whole, 0, 1)}, loss),
+                 "prepare_pipeline: gradient_accumulation_steps 2: a pipeline step accumulates its microbatches "
+                 "already; raise PipelineOptions::microbatches instead");
+  }
+}
 
 TEST(PipelineErrors, BadMicrobatchCountsBatchesAndPlacementsAreOneLineErrors) {
   const int p = W();

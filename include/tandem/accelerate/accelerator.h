@@ -35,6 +35,7 @@
 #include "tandem/accelerate/data_loader.h"
 #include "tandem/accelerate/options.h"
 #include "tandem/accelerate/prepared_model.h"
+#include "tandem/accelerate/prepared_pipeline.h"
 #include "tandem/accelerate/progress.h"
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/comm/device_mesh.h"
@@ -117,9 +118,19 @@ class Accelerator {
     return plan_.tp > 1 ? mesh_->group("tp") : nullptr;
   }
   /// The processes that see different data, and this one's index among them: the data is sharded
-  /// over them (a tensor-parallel group shares its batches).
-  int data_parallel_size() const { return world_.world_size / plan_.tp; }
-  int data_parallel_rank() const { return world_.rank / plan_.tp; }
+  /// over them (a tensor-parallel group shares its batches, a pipeline's stages too). The mesh is
+  /// ("pp", "replicate", "shard", "tp") row-major (Note [Parallelism plan]).
+  int data_parallel_size() const { return world_.world_size / (plan_.tp * plan_.pp); }
+  int data_parallel_rank() const { return (world_.rank / plan_.tp) % data_parallel_size(); }
+  /// Pipeline parallelism (pp_size; docs/guide-pp.md): how many processes one pipeline's stages
+  /// run on, this process's place among them, and their group (under pp_size 1, a group of this
+  /// process alone, made on first use: collective then).
+  int pipeline_size() const { return plan_.pp; }
+  int pipeline_rank() const { return plan_.pp > 1 ? static_cast<int>(mesh_->local_rank("pp")) : 0; }
+  std::shared_ptr<comm::ProcessGroup> pipeline_group();
+  /// The stages this process runs when the model is cut into `stages` (a multiple of pp_size):
+  /// pipeline_rank(), + pp_size, + 2 pp_size, ... (one when `stages` is pp_size).
+  std::vector<int> pipeline_stages(int stages) const;
   const AcceleratorOptions& options() const { return options_; }
 
   // ---- prepare -----------------------------------------------------------------------------
@@ -136,6 +147,17 @@ class Accelerator {
   PreparedModel<ModuleHolder> prepare_model(ModuleHolder module, const tp::Plan& plan) {
     return prepare(std::move(module), &plan);
   }
+  /// Pipeline parallelism: `stages` are this process's parts of the model, the stages
+  /// pipeline_stages(stages.size() x pp_size) in that order (each module's forward takes one
+  /// tensor and returns one). Each is prepared as prepare_model prepares a model (DDP or FSDP over
+  /// the data-parallel dimensions, autocast); the returned pipeline's step(inputs, targets) runs
+  /// the forward and backward of a whole batch in microbatches (options: the schedule, how many),
+  /// `loss` on the last stage's output of each. Collective. One line for what it cannot compose:
+  /// fp16's loss scaling, gradient_accumulation_steps > 1 (the microbatches accumulate already),
+  /// zero_stage, several stages per process outside Interleaved1F1B.
+  template <typename ModuleHolder>
+  PreparedPipeline<ModuleHolder> prepare_pipeline(std::vector<ModuleHolder> stages, pp::LossFn loss,
+                                                  PipelineOptions options = {});
   /// Registers an optimizer for clip_grad_norm's unscaling and for save_state/load_state; with
   /// zero_stage(1) over several processes, shards it (each process then keeps state for, and
   /// steps, its share of the parameters: step() and zero_grad() go through the Accelerator);
@@ -314,6 +336,8 @@ class Accelerator {
   bool holds_first_copy(bool tp_cut, bool fsdp_rows) const;
   /// The cut of the parameter's model (every parameter's is the same rank and size).
   const TensorParallelCut& tp_cut_of(const at::Tensor& param) const;
+  /// prepare_pipeline's one-line refusals, before anything is prepared.
+  void check_pipeline(size_t stages, const PipelineOptions& options) const;
   /// Note [Clipping tensor-parallel gradients] (accelerator.cpp).
   double clip_tensor_parallel(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type);
   at::Tensor gather_over(comm::ProcessGroup* group, const at::Tensor& tensor);
@@ -358,6 +382,7 @@ class Accelerator {
   std::shared_ptr<comm::ProcessGroup> pg_;
   std::optional<comm::DeviceMesh> mesh_;
   std::shared_ptr<comm::ProcessGroup> dp_group_;  // "replicate" x "shard" flattened, under tensor parallelism
+  std::shared_ptr<comm::ProcessGroup> pipeline_group_;  // pp_size 1: this process alone
   std::unique_ptr<amp::GradScaler> scaler_;
   // Note [One optimizer interface]: whole, ZeRO-1, ZeRO-2 or FSDP, in the order prepared.
   std::vector<std::unique_ptr<zero::DistributedOptimizer>> optimizers_;
@@ -419,6 +444,42 @@ PreparedModel<ModuleHolder> Accelerator::prepare(ModuleHolder module, const tp::
   entry.owner = prepared.ptr();
   models_.push_back(std::move(entry));
   return prepared;
+}
+
+template <typename ModuleHolder>
+PreparedPipeline<ModuleHolder> Accelerator::prepare_pipeline(std::vector<ModuleHolder> stages, pp::LossFn loss,
+                                                             PipelineOptions options) {
+  check_pipeline(stages.size(), options);
+  const std::shared_ptr<comm::ProcessGroup> group = pipeline_group();
+  const std::vector<int> indices = pipeline_stages(static_cast<int>(stages.size()) * plan_.pp);
+  std::vector<PreparedModel<ModuleHolder>> models;
+  std::vector<std::unique_ptr<pp::Stage>> prepared_stages;
+  for (size_t k = 0; k < stages.size(); ++k) {
+    PreparedModel<ModuleHolder> model = prepare(std::move(stages[k]), nullptr);
+    auto* impl = model.ptr().get();
+    pp::DataParallelSync sync;
+    if (impl->synchronises()) {
+      sync.require = [impl](bool on) { impl->set_require_backward_grad_sync(on); };
+      sync.arm = [impl](const at::Tensor& output) { impl->prepare_for_backward({output}); };
+    }
+    prepared_stages.push_back(std::make_unique<pp::Stage>(
+        model.ptr(), [impl](const at::Tensor& x) -> at::Tensor { return impl->forward(x); }, indices[k],
+        static_cast<int>(stages.size()) * plan_.pp, group, std::move(sync)));
+    models.push_back(std::move(model));
+  }
+  const int m = options.microbatches() > 0 ? options.microbatches() : 2 * plan_.pp;
+  const auto schedule_options = pp::ScheduleOptions().reduction(options.reduction()).track_memory(options.track_memory());
+  std::unique_ptr<pp::Schedule> schedule;
+  if (options.schedule() == PipelineSchedule::GPipe) {
+    schedule = std::make_unique<pp::ScheduleGPipe>(*prepared_stages.front(), m, std::move(loss), schedule_options);
+  } else if (options.schedule() == PipelineSchedule::OneFOneB) {
+    schedule = std::make_unique<pp::Schedule1F1B>(*prepared_stages.front(), m, std::move(loss), schedule_options);
+  } else {
+    std::vector<pp::Stage*> mine;
+    for (auto& s : prepared_stages) mine.push_back(s.get());
+    schedule = std::make_unique<pp::ScheduleInterleaved1F1B>(mine, m, std::move(loss), schedule_options);
+  }
+  return PreparedPipeline<ModuleHolder>(std::move(models), std::move(prepared_stages), std::move(schedule));
 }
 
 template <typename Dataset>

@@ -27,7 +27,8 @@ struct ParallelismConfig {
   /// Tensor parallelism's group size: the model's layers are cut over this many neighbouring
   /// processes by the plan given to Accelerator::prepare_model (tandem/tp/parallelize.h).
   TORCH_ARG(int, tp_size) = 1;
-  /// Pipeline stages: 1 (the Accelerator does not compose pipelines yet: tandem/pp/ runs one by hand).
+  /// Pipeline parallelism's group size: the processes one pipeline's stages run on
+  /// (Accelerator::prepare_pipeline; docs/guide-pp.md). Not with tp_size > 1 yet.
   TORCH_ARG(int, pp_size) = 1;
 };
 

@@ -72,6 +72,14 @@ class PreparedModelImpl : public torch::nn::Module {
     if (ddp_) (*ddp_)->set_require_backward_grad_sync(enabled);
     if (fsdp_) (*fsdp_)->engine().set_sync(enabled);
   }
+  /// Arms the next backward to synchronise the gradients accumulated so far (DDP's and FSDP's
+  /// prepare_for_backward: several forwards in flight, one synchronised backward; a pipeline
+  /// stage's last). Nothing without a data-parallel wrapper.
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+    if (ddp_) (*ddp_)->prepare_for_backward(outputs);
+    if (fsdp_) (*fsdp_)->prepare_for_backward();
+  }
+  bool synchronises() const { return ddp_ || fsdp_; }
   /// Uneven inputs (accelerate's join_uneven_inputs): the ranks may run `body` over different
   /// numbers of batches. Under DDP this is DistributedDataParallel::join (Note [Join] in
   /// src/ddp/join.cpp): a rank out of data stands in with zero gradients until all are done, then

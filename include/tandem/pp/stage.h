@@ -37,6 +37,15 @@ namespace tandem::pp {
 
 using Group = std::shared_ptr<comm::ProcessGroup>;
 
+/// How a stage's gradients are synchronised across data-parallel replicas, when they are (PP x
+/// DDP, PP x FSDP): `require` turns synchronisation of the next forwards on or off, `arm` makes
+/// the next backward (from `output`) synchronise what has accumulated.
+struct DataParallelSync {
+  std::function<void(bool)> require;
+  std::function<void(const at::Tensor& output)> arm;
+  explicit operator bool() const { return static_cast<bool>(arm); }
+};
+
 class Stage {
  public:
   /// `module` (any module whose forward takes one tensor and returns one: a Sequential too) is
@@ -68,9 +77,10 @@ class Stage {
     sync_.require = [f = fsdp.ptr().get()](bool on) { f->set_requires_gradient_sync(on); };
     sync_.arm = [f = fsdp.ptr().get()](const at::Tensor&) { f->prepare_for_backward(); };
   }
-  /// The same with the module and its forward apart.
+  /// The same with the module and its forward apart, and how its gradients are synchronised
+  /// across data-parallel replicas (none by default).
   Stage(std::shared_ptr<torch::nn::Module> module, std::function<at::Tensor(const at::Tensor&)> forward, int index,
-        int num_stages, Group group);
+        int num_stages, Group group, DataParallelSync sync = {});
 
   int index() const { return index_; }
   int num_stages() const { return num_stages_; }
@@ -84,14 +94,6 @@ class Stage {
   /// The stage's forward on one microbatch.
   at::Tensor forward(const at::Tensor& input) { return forward_(input); }
 
-  /// How the stage's gradients are synchronised across data-parallel replicas, when they are:
-  /// `require` turns synchronisation of the next forwards on or off, `arm` makes the next
-  /// backward (from `output`) synchronise what has accumulated.
-  struct DataParallelSync {
-    std::function<void(bool)> require;
-    std::function<void(const at::Tensor& output)> arm;
-    explicit operator bool() const { return static_cast<bool>(arm); }
-  };
   const DataParallelSync& data_parallel_sync() const { return sync_; }
 
   // The messages between neighbours (the schedules' building blocks). A send is asynchronous:
