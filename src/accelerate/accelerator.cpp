@@ -232,9 +232,14 @@ bool Accelerator::holds_first_copy(bool tp_cut, bool fsdp_rows) const {
 }
 
 bool Accelerator::writes_piece(const TensorPiece& piece) const {
-  // A tensor of no elements still needs one (empty) piece to be named: the main process's.
-  if (piece.whole() || c10::multiply_integers(piece.shape) == 0) return world_.rank == 0;
+  // A tensor of no elements still needs one (empty) piece to be named: the main process's (its
+  // stage's first under a pipeline: Note [Pipeline checkpoints]).
+  if (piece.whole() || c10::multiply_integers(piece.shape) == 0) return writes_shared_value();
   return c10::multiply_integers(piece.sizes) > 0 && holds_first_copy(piece.tp_cut, piece.fsdp_rows);
+}
+
+bool Accelerator::writes_shared_value() const {
+  return has_pipeline() ? data_parallel_rank() == 0 : world_.rank == 0;
 }
 
 std::vector<Accelerator::ModelSlot> Accelerator::model_layout(const fsdp::detail::Engine* engine,

@@ -169,6 +169,35 @@ void Accelerator::register_for_checkpointing(const std::string& name, std::funct
   custom_.emplace_back(name, std::move(save), std::move(load));
 }
 
+// Note [Pipeline checkpoints]
+// A pipeline's stages are one model in a checkpoint: every process writes the tensors of its
+// stages (the first data-parallel copy of each: whole, or FSDP's rows) into its own file, under
+// the stages' own names, and a loader reads each tensor it holds, by name, from whichever file has
+// it. So the stage modules' names must be the whole model's ("blocks.3.fc1.weight" on whichever
+// stage holds block 3): then a checkpoint saved at one pipeline size loads at another, and into
+// the whole model prepared without a pipeline, and the reverse. Two stages naming a tensor alike
+// make pieces that overlap, which the loader refuses. Optimizers keep their state by parameter
+// name (Note [Optimizer state by name]); under a pipeline every process writes its parameters'.
+bool Accelerator::has_pipeline() const {
+  return std::any_of(models_.begin(), models_.end(), [](const ModelEntry& m) { return m.stage; });
+}
+
+std::vector<std::vector<size_t>> Accelerator::checkpoint_models() const {
+  std::vector<std::vector<size_t>> out;
+  std::vector<size_t> stages;
+  for (size_t m = 0; m < models_.size(); ++m) {
+    if (models_[m].stage) {
+      stages.push_back(m);
+    } else {
+      out.push_back({m});
+    }
+  }
+  TANDEM_CHECK(stages.empty() || out.empty(), "checkpoints: a pipeline's stages and models prepared apart in one "
+               "checkpoint are not built yet; prepare every model as a stage of the pipeline");
+  if (!stages.empty()) out.push_back(stages);
+  return out;
+}
+
 std::vector<Accelerator::NamedTensors> Accelerator::model_identities() const {
   std::vector<NamedTensors> out;
   for (const auto& m : models_) out.push_back(m.identities());
@@ -211,8 +240,6 @@ std::vector<at::Tensor> Accelerator::held_parameters(size_t o) const {
 // own box of each tensor, whatever cut, mesh or strategy wrote them: a job at tp_size 2 resumes at
 // tp_size 1 or 4, under DDP or FSDP, and the other way round.
 std::string Accelerator::save_state(const std::string& root) {
-  TANDEM_CHECK(plan_.pp == 1, "save_state: checkpoints of pipeline stages (pp_size ", plan_.pp,
-               ") are not built yet: each stage would have to write the tensors only it holds");
   // Accumulated gradients are not part of a checkpoint: a save between synchronisations would
   // resume differently, silently. (The condition is the same on every rank.)
   TANDEM_CHECK(sync_gradients_, "save_state: called in the middle of gradient accumulation (batch ",
@@ -236,12 +263,20 @@ std::string Accelerator::save_state(const std::string& root) {
   const auto rng = rng_states(pg_, world_.world_size, device_);  // a collective: every rank
   const int world = world_.world_size;
 
-  // The weights: whole (the main process's), or every rank's rows (collective).
+  // The weights: whole (the main process's), or every rank's pieces (collective): its rows, its
+  // tensor-parallel box, its pipeline stages' tensors (Note [Pipeline checkpoints]).
+  const auto saved_models = checkpoint_models();
+  const bool pipeline = has_pipeline();
   nlohmann::json model_files = nlohmann::json::array();
-  for (size_t m = 0; m < models_.size(); ++m) {
-    const auto layout = models_[m].layout();
-    const auto held = models_[m].held();
-    const bool sharded = std::any_of(layout.begin(), layout.end(), [](const ModelSlot& s) { return !s.piece.whole(); });
+  for (size_t m = 0; m < saved_models.size(); ++m) {
+    std::vector<ModelSlot> layout;
+    NamedTensors held;
+    for (size_t member : saved_models[m]) {
+      for (auto& slot : models_[member].layout()) layout.push_back(std::move(slot));
+      for (auto& item : models_[member].held()) held.push_back(std::move(item));
+    }
+    const bool sharded =
+        pipeline || std::any_of(layout.begin(), layout.end(), [](const ModelSlot& s) { return !s.piece.whole(); });
     model_files.push_back(nlohmann::json::array());
     if (!sharded) {
       const auto file = model_file(m, 0, false);
@@ -275,10 +310,30 @@ std::string Accelerator::save_state(const std::string& root) {
     const auto names = names_for(identities, groups);
     const bool named = !accelerate::named_optimizer_type(optimizer).empty();
     nlohmann::json entry = named ? accelerate::describe_optimizer(optimizer, groups, names) : nlohmann::json{{"type", ""}};
+    if (pipeline && named) {
+      // Each process's groups hold its stages' parameters: the checkpoint's hold every stage's
+      // (in rank order, each name once). Collective.
+      std::vector<nlohmann::json> described;
+      send_to_main(pg_, [&] { return entry.dump(); },
+                   [&](int, std::string bytes) { described.push_back(nlohmann::json::parse(bytes)); });
+      if (main) {
+        for (size_t g = 0; g < entry["param_groups"].size(); ++g) {
+          std::vector<std::string> merged;
+          std::set<std::string> seen;
+          for (const auto& d : described) {
+            for (const auto& n : d["param_groups"][g]["params"]) {
+              if (seen.insert(n.get<std::string>()).second) merged.push_back(n.get<std::string>());
+            }
+          }
+          entry["param_groups"][g]["params"] = merged;
+        }
+      }
+    }
     const bool rows = layout == zero::DistributedOptimizer::StateLayout::ByRows;
-    // Under tensor parallelism a whole optimizer holds pieces of the cut parameters' state: one
-    // file per rank as well (Note [Checkpoints under tensor parallelism]).
-    const bool whole_under_tp = layout == zero::DistributedOptimizer::StateLayout::Whole && plan_.tp > 1;
+    // Under tensor parallelism a whole optimizer holds pieces of the cut parameters' state, under
+    // a pipeline its stages' parameters': one file per rank as well (Note [Checkpoints under
+    // tensor parallelism], Note [Pipeline checkpoints]).
+    const bool whole_under_tp = layout == zero::DistributedOptimizer::StateLayout::Whole && (plan_.tp > 1 || pipeline);
     const bool sharded = layout != zero::DistributedOptimizer::StateLayout::Whole || whole_under_tp;
     entry["sharded"] = sharded;
     entry["files"] = nlohmann::json::array();
@@ -290,8 +345,8 @@ std::string Accelerator::save_state(const std::string& root) {
             const auto piece = piece_of(p, p.sizes().vec(), tp_cut_of(p), std::nullopt);
             const std::string prefix = names.at(p.unsafeGetTensorImpl()) + ".";
             for (auto& [name, t] : accelerate::named_state(optimizer, {p}, names)) {
-              if (name == prefix + "step") {  // the same everywhere: the main process's
-                if (world_.rank == 0) tp_pieces.push_back({name, t, {}, t.sizes().vec()});
+              if (name == prefix + "step") {  // the same on every copy: the main process's, or its stage's
+                if (writes_shared_value()) tp_pieces.push_back({name, t, {}, t.sizes().vec()});
               } else if (writes_piece(piece)) {
                 tp_pieces.push_back({name, t, piece.offsets, piece.shape});
               }
@@ -307,8 +362,8 @@ std::string Accelerator::save_state(const std::string& root) {
         std::vector<accelerate::ChunkPiece> row_pieces;
         for (auto& owned : pieces->owned_state()) {
           const std::string name = names.at(owned.param.unsafeGetTensorImpl()) + "." + owned.key;
-          if (owned.key == "step") {  // the same everywhere: the main process's
-            if (world_.rank == 0) row_pieces.push_back({name, owned.rows, {}, owned.rows.sizes().vec()});
+          if (owned.key == "step") {  // the same on every copy: the main process's, or its stage's
+            if (writes_shared_value()) row_pieces.push_back({name, owned.rows, {}, owned.rows.sizes().vec()});
             continue;
           }
           const auto piece = piece_of(owned.param, owned.whole_shape, tp_cut_of(owned.param),
@@ -353,10 +408,12 @@ std::string Accelerator::save_state(const std::string& root) {
     state["format"] = kStateFormat;
     state["world_size"] = world_.world_size;
     state["tp_size"] = plan_.tp;
+    state["pp_size"] = plan_.pp;
     state["completed_steps"] = completed_steps_;
     state["accumulation_step"] = accumulation_step_;
     state["end_of_data"] = end_of_data_;
-    state["models"] = models_.size();
+    state["models"] = saved_models.size();
+    state["pipeline"] = pipeline;
     state["model_files"] = model_files;
     state["optimizers"] = optimizer_state;
     state["loaders"] = nlohmann::json::array();
@@ -399,13 +456,11 @@ std::string Accelerator::save_state(const std::string& root) {
 // ranks agree on the outcome before anything changes: a damaged or foreign file stops every rank
 // with the model, the optimizers and the loop exactly as they were, never half-loaded.
 void Accelerator::load_state(const std::string& path) {
-  TANDEM_CHECK(plan_.pp == 1, "load_state: checkpoints of pipeline stages (pp_size ", plan_.pp,
-               ") are not built yet");
   std::string dir = path;
   struct Staged {
     nlohmann::json state;
-    int saved_world = 0, saved_tp = 1;
-    bool same_shape = false;  // the same world and tp_size: each rank's own generators come back
+    int saved_world = 0, saved_tp = 1, saved_pp = 1;
+    bool same_shape = false;  // the same world, tp_size and pp_size: each rank's own generators come back
     std::vector<NamedTensors> weights;  // per model, the saved tensors by name
     std::vector<accelerate::StagedOptimizerState> named;
     std::vector<std::string> archives;  // LibTorch archives (an optimizer without a named format)
@@ -433,30 +488,35 @@ void Accelerator::load_state(const std::string& path) {
                  kStateFormat, format == 1 ? " (written by an older Tandem: resume it with the version that wrote it)" : "");
     staged.saved_world = state.at("world_size").get<int>();
     staged.saved_tp = state.value("tp_size", 1);
-    staged.same_shape = staged.saved_world == world_.world_size && staged.saved_tp == plan_.tp;
+    staged.saved_pp = state.value("pp_size", 1);
+    staged.same_shape =
+        staged.saved_world == world_.world_size && staged.saved_tp == plan_.tp && staged.saved_pp == plan_.pp;
     const auto& optimizers = state.at("optimizers");
-    TANDEM_CHECK(state.at("models").get<size_t>() == models_.size() && optimizers.size() == optimizers_.size(),
+    const auto loaded_models = checkpoint_models();  // a pipeline's stages count as one
+    TANDEM_CHECK(state.at("models").get<size_t>() == loaded_models.size() && optimizers.size() == optimizers_.size(),
                  "load_state: ", dir, " holds ", state.at("models").get<size_t>(), " model(s) and ", optimizers.size(),
-                 " optimizer(s), this Accelerator prepared ", models_.size(), " and ", optimizers_.size());
+                 " optimizer(s), this Accelerator prepared ", loaded_models.size(), " and ", optimizers_.size());
     // Each slot's tensor, or this rank's rows of it, from whichever files hold them (no collective
     // here: a rank that failed above is not waited for).
     const auto identities = model_identities();
     staged.weights.resize(models_.size());
-    for (size_t m = 0; m < models_.size(); ++m) {
+    for (size_t m = 0; m < loaded_models.size(); ++m) {
       const auto files = accelerate::model_files(state, m);
       std::vector<std::string> paths;
       for (const auto& f : files) paths.push_back(reader.path(f));
       const std::string file = files.size() == 1 ? files[0] : message("model_", m, ".rank*.safetensors");
       const accelerate::ShardedTensors saved(paths, message("load_state: ", dir));
-      for (const auto& slot : models_[m].layout()) {
-        TANDEM_CHECK(saved.contains(slot.name), "load_state: ", file, " has no tensor '", slot.name, "'");
-        const auto& piece = slot.piece;
-        TANDEM_CHECK(saved.shape(slot.name) == piece.shape && saved.dtype(slot.name) == slot.dtype, "load_state: ",
-                     file, ": '", slot.name, "' is ", c10::toString(saved.dtype(slot.name)),
-                     c10::IntArrayRef(saved.shape(slot.name)), " but the model's is ", c10::toString(slot.dtype),
-                     c10::IntArrayRef(piece.shape));
-        staged.weights[m].emplace_back(slot.name, piece.whole() ? saved.whole(slot.name)
-                                                                : saved.chunk(slot.name, piece.offsets, piece.sizes));
+      for (size_t member : loaded_models[m]) {
+        for (const auto& slot : models_[member].layout()) {
+          TANDEM_CHECK(saved.contains(slot.name), "load_state: ", file, " has no tensor '", slot.name, "'");
+          const auto& piece = slot.piece;
+          TANDEM_CHECK(saved.shape(slot.name) == piece.shape && saved.dtype(slot.name) == slot.dtype, "load_state: ",
+                       file, ": '", slot.name, "' is ", c10::toString(saved.dtype(slot.name)),
+                       c10::IntArrayRef(saved.shape(slot.name)), " but the model's is ", c10::toString(slot.dtype),
+                       c10::IntArrayRef(piece.shape));
+          staged.weights[member].emplace_back(
+              slot.name, piece.whole() ? saved.whole(slot.name) : saved.chunk(slot.name, piece.offsets, piece.sizes));
+        }
       }
     }
     staged.named.resize(optimizers_.size());
@@ -469,8 +529,8 @@ void Accelerator::load_state(const std::string& path) {
       if (entry.at("type").get<std::string>().empty()) {
         // A LibTorch archive: it loads only where it was written (one per rank under tensor
         // parallelism too: Note [Checkpoints under tensor parallelism]).
-        const bool sharded =
-            optimizers_[o]->state_layout() != zero::DistributedOptimizer::StateLayout::Whole || plan_.tp > 1;
+        const bool sharded = optimizers_[o]->state_layout() != zero::DistributedOptimizer::StateLayout::Whole ||
+                             plan_.tp > 1 || has_pipeline();
         TANDEM_CHECK(saved_sharded == sharded && staged.same_shape && !files.empty(), where,
                      " is an optimizer of its own type saved as LibTorch archive(s) by ", staged.saved_world,
                      " process(es) at tp_size ", staged.saved_tp, ", ", saved_sharded ? "sharded" : "whole",
@@ -499,7 +559,8 @@ void Accelerator::load_state(const std::string& path) {
       };
       staged.named[o] = accelerate::stage_optimizer_state(optimizers_[o]->optimizer(), groups,
                                                           names_for(identities, groups), held_parameters(o), entry,
-                                                          paths, where, held_piece);
+                                                          paths, where, held_piece,
+                                                          state.value("pipeline", false) || has_pipeline());
       if (pieces) {  // stage 2 and FSDP: this rank's pieces, built from the staged state now (checked)
         std::unordered_map<const void*, const torch::optim::OptimizerParamState*> by_param;
         for (const auto& [param, st] : staged.named[o].states) by_param[param.unsafeGetTensorImpl()] = st.get();

@@ -155,7 +155,8 @@ StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std
                                            const ParamNames& names, const std::vector<at::Tensor>& held,
                                            const json& description, const std::vector<std::string>& files,
                                            const std::string& where,
-                                           const std::function<HeldPiece(const at::Tensor&)>& held_piece) {
+                                           const std::function<HeldPiece(const at::Tensor&)>& held_piece,
+                                           bool pipeline) {
   const Kind kind = kind_of(optimizer);
   const std::string saved_type = description.value("type", "");
   TANDEM_CHECK(saved_type == name_of(kind), where, " holds the state of ", saved_type.empty() ? "an unnamed" : "a ",
@@ -169,7 +170,14 @@ StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std
     const auto saved = saved_groups[g].at("params").get<std::vector<std::string>>();
     std::vector<std::string> mine;
     for (const auto& p : groups[g]) mine.push_back(name_in(names, p));
-    if (saved != mine) {
+    if (pipeline) {  // this process's stages' parameters, among all stages' (Note [Pipeline checkpoints])
+      const std::set<std::string> there(saved.begin(), saved.end());
+      for (const auto& name : mine) {
+        TANDEM_CHECK(there.count(name), where, ": param group ", g, " holds no parameter '", name,
+                     "' in the checkpoint: the checkpoint belongs to another model or optimizer");
+      }
+      all.insert(saved.begin(), saved.end());
+    } else if (saved != mine) {
       size_t i = 0;
       while (i < saved.size() && i < mine.size() && saved[i] == mine[i]) ++i;
       throw Error(message(where, ": param group ", g, " holds ", saved.size(), " parameters in the checkpoint and ",
@@ -177,7 +185,7 @@ StagedOptimizerState stage_optimizer_state(const Optimizer& optimizer, const std
                           i < saved.size() ? saved[i] : "", "' there, '", i < mine.size() ? mine[i] : "",
                           "' here): the checkpoint belongs to another model or optimizer"));
     }
-    all.insert(mine.begin(), mine.end());
+    if (!pipeline) all.insert(mine.begin(), mine.end());
     // Checked now on a copy, applied later.
     auto copy = optimizer.param_groups()[g].options().clone();
     try {

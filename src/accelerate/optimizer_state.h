@@ -67,14 +67,17 @@ struct HeldPiece {
 /// already verified against the manifest; whole or sharded, Note [Sharded files]) and
 /// checks it against `description` and this optimizer (type, groups, names, shapes, every file's
 /// tensors naming one of its parameters, none twice). `held_piece` says what of each parameter's
-/// state to keep (default: all of it, the parameter's shape). Throws tandem::Error, one line
-/// naming the file, and changes nothing.
+/// state to keep (default: all of it, the parameter's shape). With `pipeline` (a pipeline's
+/// checkpoint, or a pipeline loading one) each of this optimizer's groups need only be among the
+/// saved group's parameters (a stage holds some of them). Throws tandem::Error, one line naming
+/// the file, and changes nothing.
 StagedOptimizerState stage_optimizer_state(const torch::optim::Optimizer& optimizer,
                                            const std::vector<std::vector<at::Tensor>>& groups,
                                            const ParamNames& names, const std::vector<at::Tensor>& held,
                                            const nlohmann::json& description,
                                            const std::vector<std::string>& files, const std::string& where,
-                                           const std::function<HeldPiece(const at::Tensor&)>& held_piece = nullptr);
+                                           const std::function<HeldPiece(const at::Tensor&)>& held_piece = nullptr,
+                                           bool pipeline = false);
 
 /// Sets the groups' hyper-parameters (checked by stage_optimizer_state).
 void apply_optimizer_options(torch::optim::Optimizer& optimizer, const std::vector<nlohmann::json>& options);

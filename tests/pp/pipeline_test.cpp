@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -21,6 +23,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include "support/distributed_main.h"
@@ -487,10 +490,16 @@ TEST(AcceleratorPipeline, WhatItCannotComposeIsAOneLineError) {
     if (P > 1) {
       EXPECT_ERROR(acc.pipeline_stages(P + 1), "pipeline_stages: " + std::to_string(P + 1) + " stages over pp_size " +
                                                    std::to_string(P) + ": each process holds the same number of stages");
-      EXPECT_ERROR(acc.save_state("/tmp/tandem-never-written"),
-                   "save_state: checkpoints of pipeline stages (pp_size 2) are not built yet: each stage would have to "
-                   "write the tensors only it holds");
     }
+  }
+  {
+    // A pipeline and a model prepared apart: one checkpoint of both is refused, before any file.
+    tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions().progress(false).parallelism(config));
+    auto pipe = acc.prepare_pipeline(std::vector<torch::nn::Sequential>{part_of(whole, 2 * acc.pipeline_rank(), 2)}, loss);
+    auto apart = acc.prepare_model(part_of(whole, 0, 1));
+    EXPECT_ERROR(acc.save_state(tandem::test::shared_temp_folder("tandem-pp-mixed")),
+                 "checkpoints: a pipeline's stages and models prepared apart in one checkpoint are not built yet; "
+                 "prepare every model as a stage of the pipeline");
   }
   {
     tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions()
@@ -509,6 +518,147 @@ TEST(AcceleratorPipeline, WhatItCannotComposeIsAOneLineError) {
                  "already; raise PipelineOptions::microbatches instead");
   }
 }
+
+namespace {
+
+// Blocks [first, first + count) of whole_model's 2P, under the whole model's names ("block3.weight"
+// on whichever stage holds block 3): what a pipeline checkpoint needs (Note [Pipeline checkpoints]).
+struct NamedBlocksImpl : torch::nn::Module {
+  NamedBlocksImpl(const torch::nn::Sequential& whole, int first, int count) {
+    at::NoGradGuard no_grad;
+    for (int b = first; b < first + count; ++b) {
+      const auto* source = whole->ptr(static_cast<size_t>(2 * b))->as<torch::nn::Linear>();
+      torch::nn::Linear copy(kWidth, kWidth);
+      copy->weight.copy_(source->weight);
+      copy->bias.copy_(source->bias);
+      layers.push_back(register_module("block" + std::to_string(b), copy));
+      names.push_back("block" + std::to_string(b));
+    }
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& layer : layers) x = at::tanh(layer(x));
+    return x;
+  }
+  std::vector<torch::nn::Linear> layers;
+  std::vector<std::string> names;
+};
+TORCH_MODULE(NamedBlocks);
+
+// Every parameter this rank holds, whole, by name ("block3.weight").
+std::map<std::string, at::Tensor> weights_by_name(tandem::Accelerator& acc, std::vector<tandem::PreparedModel<NamedBlocks>>& models) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& model : models) {
+    if (acc.strategy() == tandem::Strategy::Fsdp) {
+      for (auto& [name, param] : model->fsdp()->gather_parameters()) out[name] = param.clone();
+    } else {
+      for (const auto& item : model->module()->named_parameters()) out[item.key()] = item.value().detach().clone();
+    }
+  }
+  return out;
+}
+
+// One AdamW step of `models` on the global batch of the step (this rank's data-parallel share;
+// the step counted from the checkpoint's when one was loaded).
+void train_step(tandem::Accelerator& acc, torch::optim::Optimizer& opt, std::vector<tandem::PreparedModel<NamedBlocks>>& models,
+                tandem::PreparedPipeline<NamedBlocks>* pipe) {
+  const int dp = acc.data_parallel_size(), d = acc.data_parallel_rank();
+  auto [x, y] = batch(64, 200 + static_cast<uint64_t>(acc.completed_steps()));
+  const at::Tensor mine_x = x.chunk(dp)[d], mine_y = y.chunk(dp)[d];
+  if (pipe) {
+    pipe->step(pipe->is_first() ? mine_x : at::Tensor(), pipe->is_last() ? mine_y : at::Tensor());
+  } else {
+    acc.backward(at::mse_loss(models.front()->forward(mine_x), mine_y));
+  }
+  acc.step(opt);
+  acc.zero_grad(opt);
+}
+
+// A run of the 2P-block model: as a pipeline of `pp` stages (0: no pipeline), trained `steps`
+// steps (from `resume` if given, then one more), saving after them into `dir` when given.
+struct Run {
+  std::map<std::string, at::Tensor> at_save, after;  // the weights this rank holds
+  std::string saved;
+};
+
+Run run_named(tandem::Strategy strategy, int pp, int steps, const std::string& resume, const std::string& dir) {
+  const int P = W() >= 2 ? 2 : 1;
+  torch::nn::Sequential whole = whole_model(P);
+  tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions().strategy(strategy).progress(false).parallelism(
+                                           tandem::ParallelismConfig().pp_size(std::max(pp, 1))));
+  std::vector<tandem::PreparedModel<NamedBlocks>> models;
+  std::optional<tandem::PreparedPipeline<NamedBlocks>> pipe;
+  if (pp > 0) {
+    const int per_stage = 2 * P / pp;
+    std::vector<NamedBlocks> stages;
+    for (int s : acc.pipeline_stages(pp)) stages.emplace_back(whole, s * per_stage, per_stage);
+    pipe.emplace(acc.prepare_pipeline(stages, [](const at::Tensor& o, const at::Tensor& t) { return at::mse_loss(o, t); },
+                                      tandem::PipelineOptions().microbatches(2 * pp)));
+    models = pipe->models();
+  } else {
+    models.push_back(acc.prepare_model(NamedBlocks(whole, 0, 2 * P)));
+  }
+  std::vector<at::Tensor> params;
+  for (auto& model : models) {
+    for (const auto& p : model->parameters()) params.push_back(p);
+  }
+  torch::optim::AdamW opt(params, torch::optim::AdamWOptions(0.01));
+  acc.prepare_optimizer(opt);
+  Run run;
+  if (!resume.empty()) acc.load_state(resume);
+  for (int step = 0; step < steps; ++step) train_step(acc, opt, models, pipe ? &*pipe : nullptr);
+  run.at_save = weights_by_name(acc, models);
+  if (!dir.empty()) run.saved = acc.save_state(dir);
+  train_step(acc, opt, models, pipe ? &*pipe : nullptr);
+  run.after = weights_by_name(acc, models);
+  return run;
+}
+
+// Every tensor of `mine` (a pipeline's stages on this rank) against `theirs` (the whole model's).
+void expect_same_weights(const std::map<std::string, at::Tensor>& mine, const std::map<std::string, at::Tensor>& theirs,
+                         const std::string& what) {
+  EXPECT_FALSE(mine.empty()) << what;
+  for (const auto& [name, tensor] : mine) {
+    auto it = theirs.find(name);
+    if (it == theirs.end()) {
+      ADD_FAILURE() << what << ": '" << name << "' is not the whole model's";
+      continue;
+    }
+    EXPECT_TRUE(at::allclose(tensor, it->second, 1e-5, 1e-6))
+        << what << ": '" << name << "' on rank " << R() << ": largest difference "
+        << (tensor - it->second).abs().max().item<double>();
+  }
+}
+
+void pipeline_checkpoint(tandem::Strategy strategy) {
+  if (W() < 2) GTEST_SKIP() << "needs a pipeline of two processes";
+  const std::string dir = tandem::test::shared_temp_folder("tandem-pp-ckpt");
+  // Two steps as a pipeline of 2 stages, saved; then a third.
+  const Run piped = run_named(strategy, 2, 2, "", dir);
+  // Loaded without a pipeline (the whole model on every process): the weights at the save, and
+  // after the same third step (AdamW's moments came back too).
+  const Run whole = run_named(strategy, 0, 0, piped.saved, "");
+  expect_same_weights(piped.at_save, whole.at_save, "loaded without a pipeline");
+  expect_same_weights(piped.after, whole.after, "a step after loading without a pipeline");
+  EXPECT_EQ(whole.at_save.size(), 8u);  // the 4 blocks' weights and biases
+  // At another pipeline size: W stages of 2P / W blocks.
+  if (W() == 4) {
+    const Run four = run_named(strategy, 4, 0, piped.saved, "");
+    EXPECT_EQ(four.at_save.size(), 2u);  // one block
+    expect_same_weights(four.at_save, whole.at_save, "loaded as a pipeline of 4");
+    expect_same_weights(four.after, whole.after, "a step after loading as a pipeline of 4");
+  }
+  // The reverse: the whole model's checkpoint into a pipeline of 2.
+  const Run whole_saved = run_named(strategy, 0, 1, "", tandem::test::shared_temp_folder("tandem-pp-ckpt-whole"));
+  const Run piped_again = run_named(strategy, 2, 0, whole_saved.saved, "");
+  expect_same_weights(piped_again.at_save, whole_saved.at_save, "a whole model's checkpoint loaded as a pipeline");
+  expect_same_weights(piped_again.after, whole_saved.after, "a step after that");
+}
+
+}  // namespace
+
+TEST(AcceleratorPipeline, DdpCheckpointsLoadAtAnotherPipelineSize) { pipeline_checkpoint(tandem::Strategy::Ddp); }
+
+TEST(AcceleratorPipeline, FsdpCheckpointsLoadAtAnotherPipelineSize) { pipeline_checkpoint(tandem::Strategy::Fsdp); }
 
 TEST(PipelineErrors, BadMicrobatchCountsBatchesAndPlacementsAreOneLineErrors) {
   const int p = W();

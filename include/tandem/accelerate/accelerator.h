@@ -310,6 +310,7 @@ class Accelerator {
     std::shared_ptr<fsdp::detail::Engine> fsdp;  // its FSDP's, under Strategy::Fsdp
     TensorParallelCut tp;  // its parameters tensor parallelism cut
     std::shared_ptr<torch::nn::Module> owner;  // keeps those alive as long as the Accelerator
+    bool stage = false;  // a pipeline stage's (prepare_pipeline): Note [Pipeline checkpoints]
   };
   struct LoaderEntry {
     std::function<std::pair<int64_t, int64_t>()> position;  // (epoch, samples_done)
@@ -331,6 +332,9 @@ class Accelerator {
   /// of the copies (data-parallel replicas, tensor-parallel ranks of a tensor it did not cut) only
   /// the first one's is written.
   bool writes_piece(const TensorPiece& piece) const;
+  /// Whether this rank writes what every copy holds alike (a whole tensor, an optimizer's step):
+  /// the main process, or under a pipeline the first data-parallel process of each stage.
+  bool writes_shared_value() const;
   /// Whether this rank holds the first copy of a tensor it shares (cut by tensor parallelism or
   /// not, FSDP's rows or a whole replica): the copy a checkpoint writes and a norm counts.
   bool holds_first_copy(bool tp_cut, bool fsdp_rows) const;
@@ -369,6 +373,10 @@ class Accelerator {
   // Checkpoints (accelerator_state.cpp): each prepared model's named tensors, optimizer o's param
   // groups (every parameter, also those other ranks own) and the parameters whose state it holds.
   std::vector<NamedTensors> model_identities() const;
+  /// The models a checkpoint holds, as indices into models_: each prepared model alone, or a
+  /// pipeline's stages together as one model (Note [Pipeline checkpoints]).
+  std::vector<std::vector<size_t>> checkpoint_models() const;
+  bool has_pipeline() const;
   std::vector<std::vector<at::Tensor>> optimizer_groups(size_t o) const;
   std::vector<at::Tensor> held_parameters(size_t o) const;
   template <typename Dataset>
@@ -465,6 +473,7 @@ PreparedPipeline<ModuleHolder> Accelerator::prepare_pipeline(std::vector<ModuleH
     prepared_stages.push_back(std::make_unique<pp::Stage>(
         model.ptr(), [impl](const at::Tensor& x) -> at::Tensor { return impl->forward(x); }, indices[k],
         static_cast<int>(stages.size()) * plan_.pp, group, std::move(sync)));
+    models_.back().stage = true;
     models.push_back(std::move(model));
   }
   const int m = options.microbatches() > 0 ? options.microbatches() : 2 * plan_.pp;
