@@ -6,12 +6,21 @@
 //       [--layers 4] [--dim 128] [--batch-size 16] [--mixed-precision no|bf16|fp16]
 //       [--checkpoints DIR] [--checkpointing-steps N] [--resume-from DIR]
 //       [--dropout P] [--activation-checkpointing [--checkpoint-every N]] [--tp N]
+//       [--pp N [--schedule gpipe|1f1b|interleaved] [--microbatches M]]
 //
 // --tp N cuts every block over groups of N neighbouring processes (tensor parallelism, Megatron's
 // plan: attention's heads and the MLP's hidden features divided by N, the embedding's vocabulary
 // and the head's classes too, the loss computed on the cut logits); the other processes' factor
 // is the strategy's (FSDP or DDP). Each group shares its batches, so `--nproc-per-node 4 --tp 2`
 // trains on the batches of 2 processes, as `--nproc-per-node 2` does, to the same loss.
+//
+// --pp N cuts the model by layers into N stages (2N with --schedule interleaved), each on its own
+// process of a pipeline of N (tandem/pp/, docs/guide-pp.md): the embeddings and the first blocks on
+// the first, the last blocks, the final LayerNorm and the head on the last; each step's batch runs
+// in M microbatches (default 2N). The other processes' factor is the strategy's, as with --tp, so
+// `--nproc-per-node 4 --pp 2` trains on the batches of 2 processes, as `--nproc-per-node 2` does,
+// to the same loss. The stages keep the whole model's names, so a checkpoint resumes at another
+// --pp, or without one.
 //
 // --activation-checkpointing recomputes each block's forward (every N-th with --checkpoint-every)
 // in backward instead of keeping its activations (tandem/nn/checkpoint.h): the same training, bit
@@ -38,6 +47,7 @@
 #include <torch/optim/adamw.h>
 
 #include "tandem/accelerate/accelerator.h"
+#include "tandem/accelerate/prepared_pipeline.h"
 #include "tandem/fsdp/auto_wrap.h"
 #include "tandem/fsdp/unit.h"
 #include "tandem/nn/hookable.h"
@@ -111,6 +121,54 @@ struct GptImpl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
+// One pipeline stage of a Gpt: blocks [first, last) of it, with the embeddings on the first stage
+// and the final LayerNorm and the head on the last, registered under the whole model's names
+// ("blocks.3...") so that checkpoints are the whole model's (Note [Pipeline checkpoints]).
+struct BlockRangeImpl : torch::nn::Module {
+  BlockRangeImpl(const torch::nn::Sequential& all, int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const torch::nn::AnyModule& block = all->begin()[i];
+      register_module(std::to_string(i), block.ptr());
+      blocks.push_back(block);
+    }
+  }
+  at::Tensor forward(at::Tensor h) {
+    for (auto& block : blocks) h = block.forward(h);
+    return h;
+  }
+  std::vector<torch::nn::AnyModule> blocks;
+};
+TORCH_MODULE(BlockRange);
+
+struct GptStageImpl : torch::nn::Module {
+  GptStageImpl(const Gpt& whole, int64_t stage, int64_t stages, int64_t layers) {
+    const bool first = stage == 0, last = stage == stages - 1;
+    if (first) {
+      tok_emb = register_module("tok_emb", whole->tok_emb);
+      pos_emb = register_module("pos_emb", whole->pos_emb);
+    }
+    // The first `layers % stages` stages take one block more.
+    const int64_t base = layers / stages, extra = layers % stages;
+    const int64_t begin = stage * base + std::min(stage, extra);
+    blocks = register_module("blocks", BlockRange(whole->blocks, begin, begin + base + (stage < extra ? 1 : 0)));
+    if (last) {
+      ln_f = register_module("ln_f", whole->ln_f);
+      head = register_module("head", whole->head);
+    }
+  }
+  at::Tensor forward(const at::Tensor& x) {  // tokens [B,T] on the first stage; hidden [B,T,D] after
+    at::Tensor h = tok_emb ? tok_emb(x) + pos_emb(at::arange(x.size(1), x.options())) : x;
+    h = blocks(h);
+    return head ? head(ln_f(h)) : h;
+  }
+  tandem::fsdp::Unit tok_emb{nullptr};
+  torch::nn::Embedding pos_emb{nullptr};
+  BlockRange blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  tandem::fsdp::Unit head{nullptr};
+};
+TORCH_MODULE(GptStage);
+
 // `count` sequences of the synthetic language: inputs [N,T] and the next token at each position
 // [N,T]. The successor table is fixed (seed 7); the sequences come from `seed`.
 std::pair<at::Tensor, at::Tensor> sentences(int64_t count, int64_t context, uint64_t seed) {
@@ -149,6 +207,9 @@ std::map<std::string, tandem::Strategy> kStrategies = {{"auto", tandem::Strategy
                                                        {"single", tandem::Strategy::Single},
                                                        {"ddp", tandem::Strategy::Ddp},
                                                        {"fsdp", tandem::Strategy::Fsdp}};
+std::map<std::string, tandem::PipelineSchedule> kSchedules = {{"gpipe", tandem::PipelineSchedule::GPipe},
+                                                             {"1f1b", tandem::PipelineSchedule::OneFOneB},
+                                                             {"interleaved", tandem::PipelineSchedule::Interleaved1F1B}};
 std::map<std::string, tandem::Precision> kPrecisions = {
     {"no", tandem::Precision::No}, {"bf16", tandem::Precision::Bf16}, {"fp16", tandem::Precision::Fp16}};
 
@@ -160,7 +221,8 @@ int train(int argc, char** argv) {
   double dropout = 0.0;
   bool activation_checkpointing = false;
   int64_t checkpoint_every = 1;
-  int tp_size = 1;
+  int tp_size = 1, pp_size = 1, microbatches = 0;
+  std::string schedule = "1f1b";
   app.add_option("--epochs", epochs, "Passes over the training text")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--layers", layers, "Transformer blocks")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--dim", dim, "Model width (a multiple of --heads)")->check(CLI::PositiveNumber)->capture_default_str();
@@ -180,6 +242,12 @@ int train(int argc, char** argv) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--tp", tp_size, "Tensor parallelism: processes each block is cut over")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--pp", pp_size, "Pipeline parallelism: processes the model's stages run on")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--schedule", schedule, "With --pp: the pipeline's schedule (interleaved: 2 stages per process)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}))->capture_default_str();
+  app.add_option("--microbatches", microbatches, "With --pp: microbatches per step (0: 2 x --pp)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (dim % heads != 0) {
     std::fprintf(stderr, "tiny_gpt: --dim %lld is not a multiple of --heads %lld\n", static_cast<long long>(dim),
@@ -192,18 +260,42 @@ int train(int argc, char** argv) {
     return 2;
   }
 
+  const bool pipelined = pp_size > 1;
+  const int64_t stages = pp_size * (schedule == "interleaved" ? 2 : 1);
+  if (pipelined && layers < stages) {
+    std::fprintf(stderr, "tiny_gpt: --layers %lld cannot fill %lld pipeline stages: each stage needs a block\n",
+                 static_cast<long long>(layers), static_cast<long long>(stages));
+    return 2;
+  }
   auto options = tandem::AcceleratorOptions()
                      .strategy(kStrategies.at(strategy))
                      .mixed_precision(kPrecisions.at(precision))
                      .seed(42)
-                     .parallelism(tandem::ParallelismConfig().tp_size(tp_size));
+                     .parallelism(tandem::ParallelismConfig().tp_size(tp_size).pp_size(pp_size));
   if (activation_checkpointing) {
     options.activation_checkpointing(tandem::nn::CheckpointPolicy().every_n(checkpoint_every).module_types({"Block"}));
   }
   tandem::Accelerator acc(options);
-  auto model = acc.prepare_model(Gpt(context, dim, layers, heads, dropout), tensor_parallel_plan());
+  // Without --pp the whole model; with it, this process's stages of it (the same weights).
+  std::optional<tandem::PreparedModel<Gpt>> model;
+  std::optional<tandem::PreparedPipeline<GptStage>> pipe;
+  std::vector<at::Tensor> parameters;
+  if (pipelined) {
+    Gpt whole(context, dim, layers, heads, dropout);
+    std::vector<GptStage> mine;
+    for (int s : acc.pipeline_stages(static_cast<int>(stages))) mine.push_back(GptStage(whole, s, stages, layers));
+    auto loss = [](const at::Tensor& logits, const at::Tensor& next) {
+      return token_loss(logits, next, at::Reduction::Mean, nullptr);
+    };
+    pipe.emplace(acc.prepare_pipeline(mine, loss,
+                                      tandem::PipelineOptions().schedule(kSchedules.at(schedule)).microbatches(microbatches)));
+    parameters = pipe->parameters();
+  } else {
+    model.emplace(acc.prepare_model(Gpt(context, dim, layers, heads, dropout), tensor_parallel_plan()));
+    parameters = (*model)->parameters();
+  }
   const auto tp_group = acc.tensor_parallel_group();
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  torch::optim::AdamW optimizer(parameters, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   acc.prepare_optimizer(optimizer);
   auto [train_x, train_y] = sentences(samples, context, 1);
   auto [test_x, test_y] = sentences(512, context, 2);
@@ -228,18 +320,36 @@ int train(int argc, char** argv) {
   auto bar = acc.progress_bar(total, "train");
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens = 0;
+  auto train_mode = [&](bool on) {
+    if (model) (*model)->train(on);
+    if (pipe) {
+      for (auto& stage : pipe->models()) stage->train(on);
+    }
+  };
   while (train_loader.epoch() < epochs) {
-    model->train();
+    train_mode(true);
     for (auto& batch : train_loader) {
-      auto sync = acc.accumulate(model);
-      at::Tensor loss = token_loss(model->forward(batch.data.to(acc.device())), batch.target.to(acc.device()),
-                                   at::Reduction::Mean, tp_group);
-      acc.backward(loss);
-      if (acc.sync_gradients()) acc.clip_grad_norm(model->parameters(), 1.0);
+      double loss = 0;
+      if (pipe) {
+        // The step's forward and backward in microbatches; the loss is known on the last stage.
+        const auto losses = pipe->step(batch.data.to(acc.device()), batch.target.to(acc.device()));
+        at::Tensor mean = at::zeros({1}, at::kDouble);
+        if (pipe->is_last()) mean.fill_(at::stack(losses).mean().item<double>());
+        acc.pipeline_group()->broadcast(mean, acc.pipeline_size() - 1);
+        loss = mean.item<double>();
+        acc.clip_grad_norm(parameters, 1.0);
+      } else {
+        auto sync = acc.accumulate(*model);
+        at::Tensor batch_loss = token_loss((*model)->forward(batch.data.to(acc.device())), batch.target.to(acc.device()),
+                                           at::Reduction::Mean, tp_group);
+        acc.backward(batch_loss);
+        if (acc.sync_gradients()) acc.clip_grad_norm(parameters, 1.0);
+        loss = batch_loss.item<double>();
+      }
       acc.step(optimizer);
       acc.zero_grad(optimizer);
       tokens += batch.data.numel() * acc.data_parallel_size();
-      bar.update(acc.completed_steps(), batch.data.size(0) * acc.data_parallel_size(), loss.item<double>());
+      bar.update(acc.completed_steps(), batch.data.size(0) * acc.data_parallel_size(), loss);
       if (checkpointing_steps > 0 && acc.sync_gradients() && acc.completed_steps() % checkpointing_steps == 0) {
         acc.save_state(checkpoints);
       }
@@ -258,18 +368,29 @@ int train(int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   // Held-out loss over exactly the 512 test sequences, whatever the number of processes.
-  model->eval();
+  train_mode(false);
   at::NoGradGuard no_grad;
   double loss_sum = 0;
   int64_t counted = 0;
   for (auto& batch : test_loader) {
-    at::Tensor logits = model->forward(batch.data.to(acc.device()));
+    at::Tensor logits = pipe ? pipe->evaluate(batch.data.to(acc.device())) : (*model)->forward(batch.data.to(acc.device()));
+    if (pipe && !pipe->is_last()) continue;  // the logits are the last stage's
     at::Tensor per_sequence = token_loss(logits, batch.target.to(acc.device()), at::Reduction::None, tp_group)
                                   .view({batch.data.size(0), -1})
                                   .sum(1);
-    at::Tensor all = acc.gather_for_metrics(per_sequence);
+    at::Tensor all = acc.gather_for_metrics(per_sequence);  // over the data-parallel ranks
     loss_sum += all.sum().item<double>();
     counted += all.size(0) * context;
+  }
+  if (pipe) {  // the last stage's first data-parallel process has the sums: to the main process
+    at::Tensor sums = at::zeros({2}, at::kDouble);
+    if (pipe->is_last() && acc.data_parallel_rank() == 0) {
+      sums[0] = loss_sum;
+      sums[1] = static_cast<double>(counted);
+    }
+    sums = acc.reduce(sums);
+    loss_sum = sums[0].item<double>();
+    counted = static_cast<int64_t>(sums[1].item<double>());
   }
   const std::string saved = acc.save_state(checkpoints);
   acc.print("held-out loss %.3f nats/token (the language's entropy: %.3f; guessing: %.3f), %.0f training tokens/s "

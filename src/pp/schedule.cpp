@@ -226,6 +226,41 @@ std::vector<at::Tensor> Schedule::step(const at::Tensor& inputs, const at::Tenso
   return std::move(state.losses);
 }
 
+at::Tensor Schedule::evaluate(const at::Tensor& inputs) {
+  at::NoGradGuard no_grad;
+  const int m = microbatches_;
+  std::vector<at::Tensor> xs, outputs;
+  if (stages_.front()->is_first()) {
+    TANDEM_CHECK(inputs.defined() && inputs.dim() > 0 && inputs.size(0) >= m, "pp: evaluate needs a batch of at least ",
+                 m, " samples on the first stage (one per microbatch)");
+    xs = at::tensor_split(inputs, m, 0);
+  }
+  std::map<int, std::deque<at::Tensor>> handed;  // between stages of this process
+  for (const Action& a : actions_) {
+    if (a.kind != ActionKind::Forward) continue;
+    Stage& st = stage(a.stage);
+    try {
+      at::Tensor x = st.is_first() ? xs[static_cast<size_t>(a.microbatch)]
+                     : holds(a.stage - 1) ? handed[a.stage].front()
+                                          : st.recv_activation();
+      if (!st.is_first() && holds(a.stage - 1)) handed[a.stage].pop_front();
+      at::Tensor y = st.forward(x);
+      if (st.is_last()) {
+        outputs.push_back(y);
+      } else if (holds(a.stage + 1)) {
+        handed[a.stage + 1].push_back(y);
+      } else {
+        st.send_activation(y, a.microbatch);
+      }
+    } catch (const std::exception& e) {
+      throw Error(st.explain_failure("pp: stage " + std::to_string(a.stage) + " failed in the evaluation of microbatch " +
+                                     std::to_string(a.microbatch) + ": " + one_line(e)));
+    }
+  }
+  for (Stage* s : stages_) s->wait_sends();
+  return outputs.empty() ? at::Tensor() : at::cat(outputs, 0);
+}
+
 void Schedule::run(const Action& a, State& state) {
   Stage& st = stage(a.stage);
   const size_t k = static_cast<size_t>(a.stage / st.group().size());  // the stage's place in stages_

@@ -230,6 +230,30 @@ TEST(Pipeline, ASumReducedLossIsNotScaled) {
   train_against_one_process(Which::Interleaved, 2 * W(), 4 * W(), at::Reduction::Sum);
 }
 
+// evaluate(): forwards only, the last stage's outputs of the whole batch equal the whole model's,
+// and nothing is left for autograd (no gradient after).
+TEST(Pipeline, EvaluateIsTheWholeModelsForward) {
+  torch::nn::Sequential whole = whole_model(W());
+  auto [x, y] = batch(3 * W() + 1, 31);
+  at::Tensor expected;
+  {
+    at::NoGradGuard no_grad;
+    expected = whole->forward(x);
+  }
+  for (Which which : {Which::GPipe, Which::OneFOneB, Which::Interleaved}) {
+    Pipeline pipe = make_pipeline(which, whole, W(), {});
+    const at::Tensor out = pipe.schedule->evaluate(pipe.first ? x : at::Tensor());
+    if (pipe.last) {
+      ASSERT_TRUE(out.defined());
+      EXPECT_FALSE(out.requires_grad());
+      EXPECT_TRUE(at::allclose(out, expected, 1e-5, 1e-6)) << (out - expected).abs().max().item<double>();
+    } else {
+      EXPECT_FALSE(out.defined());
+    }
+    for (const auto& p : pipe.parameters()) EXPECT_FALSE(p.grad().defined());
+  }
+}
+
 // The schedules run the orders tests/pp/schedule_order_test.cpp replays.
 TEST(Pipeline, SchedulesRunTheirOrders) {
   const int p = W(), m = 2 * W();

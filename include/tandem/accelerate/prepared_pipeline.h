@@ -44,6 +44,9 @@ class PreparedPipeline {
   std::vector<at::Tensor> step(const at::Tensor& inputs, const at::Tensor& targets) {
     return schedule_->step(inputs, targets);
   }
+  /// Forwards only, without autograd (pp::Schedule::evaluate): the last stage's outputs of the
+  /// whole batch where it runs, undefined elsewhere. Put the models in eval() mode first.
+  at::Tensor evaluate(const at::Tensor& inputs) { return schedule_->evaluate(inputs); }
   /// Whether this process runs stage 0 (reads the inputs) / the last stage (the targets, the loss).
   bool is_first() const { return stages_.front()->is_first(); }
   bool is_last() const { return stages_.back()->is_last(); }

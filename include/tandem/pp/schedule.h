@@ -90,6 +90,12 @@ class Schedule {
   /// backward, and the microbatch ("pp: stage 1 failed in the forward of microbatch 2: ...").
   std::vector<at::Tensor> step(const at::Tensor& inputs, const at::Tensor& targets);
 
+  /// Forwards only, without autograd (evaluation): the microbatches of `inputs` (read where stage
+  /// 0 runs) through every stage, in the order of the schedule's forwards. Returns the last
+  /// stage's outputs, concatenated on dim 0, where it runs (undefined elsewhere). Failures are
+  /// named as step()'s.
+  at::Tensor evaluate(const at::Tensor& inputs);
+
   using Kind = ActionKind;
   /// This process's actions for one step, in order (what step() runs; tests read it).
   const std::vector<Action>& actions() const { return actions_; }
