@@ -367,22 +367,29 @@ class MpiBackend : public c10d::Backend {
       work->finish(std::make_exception_ptr(
           Error(std::string(sending ? "MPI_Isend" : "MPI_Irecv") + " failed: " + mpi_error_text(code))));
     };
-    MpiEngine::instance().submit([work, failed, t, peer, tag, sending, comm = comm_] {
+    MpiEngine::instance().submit([work, failed, t, peer, tag, sending, comm = comm_]() mutable {
       auto request = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
       const int bytes = static_cast<int>(t.nbytes());
       const int code = sending ? MPI_Isend(t.data_ptr(), bytes, MPI_BYTE, peer, tag, comm, request.get())
                                : MPI_Irecv(t.data_ptr(), bytes, MPI_BYTE, peer, tag, comm, request.get());
       if (code != MPI_SUCCESS) return failed(code);
-      // The tensor stays captured until the request completes: MPI owns its bytes until then.
-      MpiEngine::instance().poll([work, failed, t, request] {
+      // The tensor stays captured until the request completes: MPI owns its bytes until then. It
+      // is let go before the work is finished, so that once wait() returns the engine holds no
+      // reference to it (the caller's memory is freed when the caller lets go, not when the engine
+      // thread gets round to destroying this task).
+      MpiEngine::instance().poll([work, failed, t = std::move(t), request]() mutable {
         int done = 0;
         MPI_Status status;
         const int code = MPI_Test(request.get(), &done, &status);
         if (code != MPI_SUCCESS) {
+          t = at::Tensor();
           failed(code);
           return true;
         }
-        if (done) work->finish(nullptr);
+        if (done) {
+          t = at::Tensor();
+          work->finish(nullptr);
+        }
         return done != 0;
       });
     });

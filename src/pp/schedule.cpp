@@ -240,10 +240,16 @@ at::Tensor Schedule::evaluate(const at::Tensor& inputs) {
     if (a.kind != ActionKind::Forward) continue;
     Stage& st = stage(a.stage);
     try {
-      at::Tensor x = st.is_first() ? xs[static_cast<size_t>(a.microbatch)]
-                     : holds(a.stage - 1) ? handed[a.stage].front()
-                                          : st.recv_activation();
-      if (!st.is_first() && holds(a.stage - 1)) handed[a.stage].pop_front();
+      at::Tensor x;
+      if (st.is_first()) {
+        x = xs[static_cast<size_t>(a.microbatch)];
+      } else if (holds(a.stage - 1)) {
+        TANDEM_CHECK(!handed[a.stage].empty(), "pp: stage ", a.stage, " has nothing handed over (the order is broken)");
+        x = handed[a.stage].front();
+        handed[a.stage].pop_front();
+      } else {
+        x = st.recv_activation();
+      }
       at::Tensor y = st.forward(x);
       if (st.is_last()) {
         outputs.push_back(y);
@@ -308,7 +314,6 @@ void Schedule::run(const Action& a, State& state) {
                                 ? static_cast<double>(state.ys[i].size(0)) / static_cast<double>(state.total)
                                 : 1.0;
       state.scaled[k][i] = loss * weight;
-      state.out[k][i] = y;  // what a data-parallel stage arms its last backward with
       // A copy: a reduced loss may be a view of a buffer as large as the microbatch's output
       // (at::mse_loss's is), which the step would otherwise keep for every microbatch.
       state.losses.push_back(loss.detach().clone());
@@ -324,12 +329,12 @@ void Schedule::run(const Action& a, State& state) {
   } else {
     if (st.data_parallel_sync() && a.microbatch == last_backward_[k]) {
       // The stage's last backward of the step: it averages the sum of all microbatches'
-      // gradients across the data-parallel replicas, once, overlapped with this backward.
-      st.data_parallel_sync().arm(state.out[k][i]);
+      // gradients across the data-parallel replicas, once, overlapped with this backward. It
+      // starts from the output, or on the last stage from the loss (which reaches all it does).
+      st.data_parallel_sync().arm(st.is_last() ? state.scaled[k][i] : state.out[k][i]);
     }
     if (st.is_last()) {
       state.scaled[k][i].backward();
-      state.out[k][i] = at::Tensor();
       state.scaled[k][i] = at::Tensor();
     } else {
       const at::Tensor& y = state.out[k][i];

@@ -142,8 +142,10 @@ std::string Stage::explain_failure(const std::string& here) {
 // - an activation of microbatch j coming from the previous stage means that stage has run every
 //   action before its forward of j, in its order (which every process can compute), and so taken
 //   the gradients of the backwards among them.
-// Waiting then returns at once (the message is delivered), and frees the same tensors at the same
-// points on every run. What is left is waited for at the end of the step.
+// Waiting then returns at once (the message is delivered); neither the stage nor the backend
+// holds the tensor after it (the MPI backend lets go of it before it finishes the work), so the
+// same tensors are freed at the same points on every run. What is left is waited for at the end
+// of the step.
 void Stage::release(std::vector<Send>& sends) {
   for (auto& send : sends) {
     group_->wait(send.work, "pp: stage " + std::to_string(index_) + "'s send of " + std::to_string(send.tensor.numel()) +
