@@ -333,13 +333,13 @@ std::string Accelerator::save_state(const std::string& root) {
     // Under tensor parallelism a whole optimizer holds pieces of the cut parameters' state, under
     // a pipeline its stages' parameters': one file per rank as well (Note [Checkpoints under
     // tensor parallelism], Note [Pipeline checkpoints]).
-    const bool whole_under_tp = layout == zero::DistributedOptimizer::StateLayout::Whole && (plan_.tp > 1 || pipeline);
-    const bool sharded = layout != zero::DistributedOptimizer::StateLayout::Whole || whole_under_tp;
+    const bool whole_in_pieces = layout == zero::DistributedOptimizer::StateLayout::Whole && (plan_.tp > 1 || pipeline);
+    const bool sharded = layout != zero::DistributedOptimizer::StateLayout::Whole || whole_in_pieces;
     entry["sharded"] = sharded;
     entry["files"] = nlohmann::json::array();
     if (sharded) {
       auto build = [&]() -> std::string {
-        if (whole_under_tp && named) {
+        if (whole_in_pieces && named) {
           std::vector<accelerate::ChunkPiece> tp_pieces;
           for (const auto& p : held_parameters(o)) {
             const auto piece = piece_of(p, p.sizes().vec(), tp_cut_of(p), std::nullopt);
