@@ -229,34 +229,22 @@ std::vector<at::Tensor> Schedule::step(const at::Tensor& inputs, const at::Tenso
 at::Tensor Schedule::evaluate(const at::Tensor& inputs) {
   at::NoGradGuard no_grad;
   const int m = microbatches_;
-  std::vector<at::Tensor> xs, outputs;
+  State state;
+  std::vector<at::Tensor> outputs;
   if (stages_.front()->is_first()) {
     TANDEM_CHECK(inputs.defined() && inputs.dim() > 0 && inputs.size(0) >= m, "pp: evaluate needs a batch of at least ",
                  m, " samples on the first stage (one per microbatch)");
-    xs = at::tensor_split(inputs, m, 0);
+    state.xs = at::tensor_split(inputs, m, 0);
   }
-  std::map<int, std::deque<at::Tensor>> handed;  // between stages of this process
   for (const Action& a : actions_) {
     if (a.kind != ActionKind::Forward) continue;
     Stage& st = stage(a.stage);
     try {
-      at::Tensor x;
-      if (st.is_first()) {
-        x = xs[static_cast<size_t>(a.microbatch)];
-      } else if (holds(a.stage - 1)) {
-        TANDEM_CHECK(!handed[a.stage].empty(), "pp: stage ", a.stage, " has nothing handed over (the order is broken)");
-        x = handed[a.stage].front();
-        handed[a.stage].pop_front();
-      } else {
-        x = st.recv_activation();
-      }
-      at::Tensor y = st.forward(x);
+      at::Tensor y = st.forward(input_of(a, state));
       if (st.is_last()) {
         outputs.push_back(y);
-      } else if (holds(a.stage + 1)) {
-        handed[a.stage + 1].push_back(y);
       } else {
-        st.send_activation(y, a.microbatch);
+        pass_on(a, y, state);
       }
     } catch (const std::exception& e) {
       throw Error(st.explain_failure("pp: stage " + std::to_string(a.stage) + " failed in the evaluation of microbatch " +
@@ -267,40 +255,51 @@ at::Tensor Schedule::evaluate(const at::Tensor& inputs) {
   return outputs.empty() ? at::Tensor() : at::cat(outputs, 0);
 }
 
+at::Tensor Schedule::take(std::map<int, std::deque<at::Tensor>>& box, const Action& a) {
+  auto& queue = box[a.stage];
+  TANDEM_CHECK(!queue.empty(), "pp: stage ", a.stage, " has nothing handed over for microbatch ", a.microbatch,
+               " (the schedule's order is broken)");
+  at::Tensor t = queue.front();
+  queue.pop_front();
+  return t;
+}
+
+at::Tensor Schedule::blocked(State& state, const std::function<at::Tensor()>& receive) {
+  const auto start = Clock::now();
+  at::Tensor t = receive();
+  state.blocked_seconds += seconds_since(start);
+  return t;
+}
+
+at::Tensor Schedule::input_of(const Action& a, State& state) {
+  Stage& st = stage(a.stage);
+  if (st.is_first()) return state.xs[static_cast<size_t>(a.microbatch)];
+  if (holds(a.stage - 1)) return take(state.activations, a);
+  // Note [Releasing sends] in stage.cpp: the previous stage has taken the gradients of the
+  // backwards it ran before this forward.
+  return blocked(state, [&] {
+    at::Tensor received = st.recv_activation();
+    st.release_gradient_sends_before(
+        backwards_before_[static_cast<size_t>(a.stage / st.group().size())][static_cast<size_t>(a.microbatch)]);
+    return received;
+  });
+}
+
+void Schedule::pass_on(const Action& a, const at::Tensor& y, State& state) {
+  if (holds(a.stage + 1)) {
+    state.activations[a.stage + 1].push_back(y.detach().clone());  // a copy, as a message is
+  } else {
+    stage(a.stage).send_activation(y, a.microbatch);
+  }
+}
+
 void Schedule::run(const Action& a, State& state) {
   Stage& st = stage(a.stage);
   const size_t k = static_cast<size_t>(a.stage / st.group().size());  // the stage's place in stages_
   const size_t i = static_cast<size_t>(a.microbatch);
-  auto blocked = [&](auto&& receive) {
-    const auto start = Clock::now();
-    at::Tensor t = receive();
-    state.blocked_seconds += seconds_since(start);
-    return t;
-  };
-  auto take = [&](std::map<int, std::deque<at::Tensor>>& box) {
-    auto& queue = box[a.stage];
-    TANDEM_CHECK(!queue.empty(), "pp: stage ", a.stage, " has nothing handed over for microbatch ", a.microbatch,
-                 " (the schedule's order is broken)");
-    at::Tensor t = queue.front();
-    queue.pop_front();
-    return t;
-  };
   if (a.kind == ActionKind::Forward) {
-    at::Tensor x;
-    if (st.is_first()) {
-      x = state.xs[i];
-    } else {
-      if (holds(a.stage - 1)) {
-        x = take(state.activations);
-      } else {
-        // Note [Releasing sends] in stage.cpp: the previous stage has taken the gradients of
-        // the backwards it ran before this forward.
-        x = blocked([&] {
-          at::Tensor received = st.recv_activation();
-          st.release_gradient_sends_before(backwards_before_[k][i]);
-          return received;
-        });
-      }
+    at::Tensor x = input_of(a, state);
+    if (!st.is_first()) {
       TANDEM_CHECK(at::isFloatingType(x.scalar_type()), "pp: stage ", a.stage, " received a ",
                    c10::toString(x.scalar_type()), " activation: what flows between stages must be floating point "
                    "(its gradient flows back)");
@@ -318,11 +317,7 @@ void Schedule::run(const Action& a, State& state) {
       // (at::mse_loss's is), which the step would otherwise keep for every microbatch.
       state.losses.push_back(loss.detach().clone());
     } else {
-      if (holds(a.stage + 1)) {
-        state.activations[a.stage + 1].push_back(y.detach().clone());
-      } else {
-        st.send_activation(y, a.microbatch);
-      }
+      pass_on(a, y, state);
       state.out[k][i] = y;
     }
     state.in[k][i] = x;
@@ -340,9 +335,9 @@ void Schedule::run(const Action& a, State& state) {
       const at::Tensor& y = state.out[k][i];
       at::Tensor grad;
       if (holds(a.stage + 1)) {
-        grad = take(state.gradients);
+        grad = take(state.gradients, a);
       } else {
-        grad = blocked([&] {
+        grad = blocked(state, [&] {
           at::Tensor received = st.recv_gradient(y);
           st.release_activation_send(a.microbatch);  // its gradient came back: it was taken
           return received;

@@ -23,7 +23,9 @@
 // Sum it counts as it is. It returns the microbatches' losses, unscaled, where the last stage runs
 // (empty elsewhere). Gradients accumulate into .grad as backward() does: zero them between steps.
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -130,6 +132,15 @@ class Schedule {
   std::unique_ptr<dp::MemoryTracker> memory_;  // with track_memory
   Stage& stage(int index) const;
   bool holds(int index) const;
+  /// The input of forward `a`: stage 0's microbatch, or what the previous stage handed over in
+  /// memory or sent. Its wait counts as blocked.
+  at::Tensor input_of(const Action& a, State& state);
+  /// Hands forward `a`'s output to the next stage: in memory (a copy, as a message is) or sent.
+  void pass_on(const Action& a, const at::Tensor& y, State& state);
+  /// The next tensor handed over in memory to `a`'s stage.
+  static at::Tensor take(std::map<int, std::deque<at::Tensor>>& box, const Action& a);
+  /// `receive()`, its time counted as blocked on a neighbour.
+  static at::Tensor blocked(State& state, const std::function<at::Tensor()>& receive);
   /// One action of step(), with what its backward needs kept in `state`.
   void run(const Action& a, State& state);
 };
