@@ -7,7 +7,8 @@ Started by `tandem bench` through `tandem run` (or torchrun): reads RANK, WORLD_
 MASTER_ADDR, MASTER_PORT; Gloo on CPU, NCCL on CUDA. Strategies: single (plain loop), ddp
 (torch DDP), ddp-no-sync (DDP under no_sync()), zero1 (ZeroRedundancyOptimizer), fsdp (FSDP2's
 fully_shard), tp and fsdp+tp (parallelize_module with the worker's plan and loss_parallel, FSDP2
-across the TP pairs), accelerate (accelerate.Accelerator), dp (torch.nn.DataParallel over
+across the TP pairs), pp-gpipe, pp-1f1b, pp-interleaved (torch.distributed.pipelining: the GPT cut
+into the worker's stages, ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B), accelerate (accelerate.Accelerator), dp (torch.nn.DataParallel over
 --replicas CUDA devices). dp-replicate, dp-persistent, zero2, allreduce and sweep are Tandem's alone: they give the "unsupported" record, as does any combination that
 cannot run here. Rank 0 appends one JSON line to --out (or prints it); every rank exits 0.
 Bad flags: one line on stderr, exit 2. --list-strategies prints STRATEGIES as JSON.
@@ -29,6 +30,8 @@ GLOO_HOLDER = ""
 # Tensor parallelism (the table's tp_size): "tp" cuts over every rank, "fsdp+tp" over pairs with
 # FSDP2 across them; only the GPT has a plan (gpt_tp_plan in bench/workloads.h).
 TP_SIZE = {"tp": -1, "fsdp+tp": 2}
+# Pipeline parallelism (the table's pp_schedule): one pipeline over every rank, the GPT only.
+PP_SCHEDULE = {"pp-gpipe": "gpipe", "pp-1f1b": "1f1b", "pp-interleaved": "interleaved"}
 # Every strategy of Tandem's table (src/bench/strategies.cpp), in its order: how it occupies its
 # devices (alone, replicas in one process, or ranks) and whether this peer measures it. The test
 # bench.strategies.peer holds this table to `tandem-bench-worker --list-strategies`.
@@ -43,6 +46,9 @@ STRATEGIES = {
     "fsdp": ("ranks", True),
     "tp": ("ranks", True),
     "fsdp+tp": ("ranks", True),
+    "pp-gpipe": ("ranks", True),
+    "pp-1f1b": ("ranks", True),
+    "pp-interleaved": ("ranks", True),
     "accelerate-zero1": ("ranks", False),
     "accelerate-zero2": ("ranks", False),
     "dp": ("replicas", True),
@@ -57,7 +63,7 @@ def launch(a):
 
 
 def gpt_config(scale):  # (V, T, d, L, heads): the large model (bench/workloads.h)
-    return {"tiny": (128, 16, 32, 1, 2), "cpu": (4096, 64, 192, 4, 6), "full": (8192, 256, 512, 8, 8)}[scale]
+    return {"tiny": (128, 16, 32, 3, 2), "cpu": (4096, 64, 192, 4, 6), "full": (8192, 256, 512, 8, 8)}[scale]
 
 
 def tp_group_size(a, world):
@@ -65,9 +71,49 @@ def tp_group_size(a, world):
     return world if size == -1 else size
 
 
+def pp_stages_per_rank(a):
+    return {"": 0, "interleaved": 2}.get(PP_SCHEDULE.get(a.strategy, ""), 1)
+
+
+def batch_group_size(a, world):
+    """The ranks that train one batch together: a TP group, or the whole pipeline."""
+    return world if a.strategy in PP_SCHEDULE else tp_group_size(a, world)
+
+
+def microbatches(a, world):
+    return a.microbatches or 2 * world
+
+
+def stage_blocks(layers, stage, stages):
+    """Blocks [first, last) of stage `stage` (pp::stage_blocks): the first layers % stages one more."""
+    base, extra = divmod(layers, stages)
+    first = stage * base + min(stage, extra)
+    return first, first + base + (1 if stage < extra else 0)
+
+
+def pipeline_refusal(a, world):
+    """The worker's refusals of a pipeline (Note [Pipeline measurements] in bench/worker.cpp)."""
+    if a.model != "large":
+        return f"{a.strategy} has a plan for the large model only, not {a.model}"
+    if world < 2:
+        return f"{a.strategy} is a pipeline of a stage per rank: it needs at least 2 ranks (got {world})"
+    v, layers = pp_stages_per_rank(a), gpt_config(a.scale)[3]
+    if layers < world * v - 1:
+        return (f"{a.strategy}: the {a.scale} GPT's {layers} blocks cannot fill {world * v} pipeline stages "
+                "(every stage but the last needs one)")
+    m = microbatches(a, world)
+    if m < world or (v > 1 and m % world) or a.batch_size * world < m:
+        return (f"{a.strategy} at {world} ranks cannot run {m} microbatches: it needs at least {world}"
+                f"{', a multiple of them,' if v > 1 else ''} and at most the batch's {a.batch_size * world} samples")
+    return None
+
+
 def table_refusal(a, world):
     """The strategy table's own refusals (bench::table_refusal): a model without a plan, a mesh
-    the world does not make, heads or classes that do not divide among a TP group."""
+    the world does not make, heads or classes that do not divide among a TP group, a pipeline
+    the model or the microbatches cannot fill."""
+    if a.strategy in PP_SCHEDULE:
+        return pipeline_refusal(a, world)
     if a.strategy not in TP_SIZE:
         return None
     if a.model != "large":
@@ -128,6 +174,7 @@ def parse_flags(argv=None):
     ap.add_argument("--replicas", type=positive, default=2, help="dp: replicas (CUDA devices)")
     ap.add_argument("--sweep-min-bytes", type=positive, default=4096, help="sweep: smallest buffer (the worker's)")
     ap.add_argument("--sweep-max-bytes", type=positive, default=64 << 20, help="sweep: largest buffer")
+    ap.add_argument("--microbatches", type=positive, default=0, help="pp-*: per step (default: twice the ranks)")
     ap.add_argument("--out", help="append the record here (default: stdout)")
     ap.add_argument("--list-strategies", action="store_true", help="print STRATEGIES as JSON and exit")
     a = ap.parse_args(argv)
@@ -172,7 +219,7 @@ def unsupported_without_torch(a, world):
         return "torch.nn.DataParallel replicates only across CUDA devices; on CPU it runs the module once"
     if launch(a) != "ranks" and world > 1:
         return f"{a.strategy} runs in one process, but {world} were launched"
-    if a.strategy in TP_SIZE and a.precision == "fp16":
+    if (a.strategy in TP_SIZE or a.strategy in PP_SCHEDULE) and a.precision == "fp16":
         return f"{a.strategy} does not support --precision fp16"
     return table_refusal(a, world)
 
@@ -317,6 +364,31 @@ class Gpt(nn.Module):
     def forward(self, tokens):  # [B,T] -> [B,T,V]
         positions = torch.arange(tokens.size(1), device=tokens.device)
         return self.head(self.ln_f(self.blocks(self.tok_emb(tokens) + self.pos_emb(positions))))
+
+
+class GptStage(nn.Module):
+    """Stage `stage` of `stages` of a Gpt (the worker's GptStage): its blocks, the embeddings on
+    the first stage, the final LayerNorm and the head on the last, sharing the whole model's
+    parameters; each forward under autocast to `dtype` when given (the worker's)."""
+
+    def __init__(self, whole, stage, stages, device_type, dtype):
+        super().__init__()
+        self.device_type, self.dtype = device_type, dtype
+        self.tok_emb = whole.tok_emb if stage == 0 else None
+        self.pos_emb = whole.pos_emb if stage == 0 else None
+        first, last = stage_blocks(len(whole.blocks), stage, stages)
+        self.blocks = nn.ModuleDict({str(i): whole.blocks[i] for i in range(first, last)})
+        self.ln_f = whole.ln_f if stage == stages - 1 else None
+        self.head = whole.head if stage == stages - 1 else None
+
+    def forward(self, x):
+        with torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None):
+            h = x
+            if self.tok_emb is not None:
+                h = self.tok_emb(x) + self.pos_emb(torch.arange(x.size(1), device=x.device))
+            for block in self.blocks.values():
+                h = block(h)
+            return self.head(self.ln_f(h)) if self.head is not None else h
 
 
 def make_model(model, scale):
@@ -472,7 +544,7 @@ class Measurement:
         if a.strategy == "accelerate":
             return self.run_accelerate()
         dist = torch.distributed
-        if a.strategy in ("ddp", "ddp-no-sync", "zero1", "fsdp", "tp", "fsdp+tp"):
+        if a.strategy in ("ddp", "ddp-no-sync", "zero1", "fsdp", "tp", "fsdp+tp") or a.strategy in PP_SCHEDULE:
             backend = "nccl" if self.cuda else "gloo"
             if "MASTER_ADDR" in os.environ:
                 dist.init_process_group(backend, rank=self.rank, world_size=self.world)
@@ -496,10 +568,11 @@ class Measurement:
         net = make_model(a.model, a.scale)
         params = sum(p.numel() for p in net.parameters())
         grad_bytes = sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)  # fp32
-        # DataParallel: B per replica; a TP group trains one batch of B per rank in it (the worker's).
-        tp = tp_group_size(a, self.world)
-        samples = a.batch_size * a.replicas if a.strategy == "dp" else a.batch_size * tp
-        x, y = synthetic_batch(a.model, a.scale, samples, 100 + self.rank // tp)
+        # DataParallel: B per replica; a TP group, or the pipeline, trains one batch of B per rank
+        # in it (the worker's).
+        group = batch_group_size(a, self.world)
+        samples = a.batch_size * a.replicas if a.strategy == "dp" else a.batch_size * group
+        x, y = synthetic_batch(a.model, a.scale, samples, 100 + self.rank // group)
         return net, params, grad_bytes, x, y
 
     def plain_step(self, loop, model, opt, scaler, x, y, no_sync=False, loss_context=contextlib.nullcontext):
@@ -531,6 +604,8 @@ class Measurement:
 
     def measure(self):
         a = self.a
+        if a.strategy in PP_SCHEDULE:
+            return self.measure_pipeline()
         net, params, grad_bytes, x, y = self.setup()
         device = self.device()
         net.to(device)
@@ -560,6 +635,72 @@ class Measurement:
         devices = list(range(a.replicas)) if a.strategy == "dp" else None
         state = model_state_bytes(net, opt) if a.strategy in ("ddp", "zero1", "fsdp") or a.strategy in TP_SIZE else None
         return dict(loop=loop, params=params, grad_bytes=grad_bytes, buckets=buckets, devices=devices, state=state)
+
+    def measure_pipeline(self):
+        """torch.distributed.pipelining over every rank, cut as the worker cuts (Note [Pipeline
+        measurements] in bench/worker.cpp). The share of each timed step a rank waits in the
+        schedule's point-to-point waits (its _wait_batch_p2p, timed in place) is its bubble; the
+        activations a step holds are measured on CUDA only (the CPU allocator keeps no count)."""
+        import torch.distributed.pipelining.schedules as schedules
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+        a, world, rank = self.a, self.world, self.rank
+        net, params, grad_bytes, x, y = self.setup()
+        device = self.device()
+        net.to(device)
+        x, y = x.to(device), y.to(device)
+        v, m = pp_stages_per_rank(a), microbatches(a, world)
+        stages = world * v
+        modules = [GptStage(net, s, stages, device.type, self.dtype) for s in range(rank, stages, world)]
+        pipeline = [PipelineStage(mod, s, stages, device) for mod, s in zip(modules, range(rank, stages, world))]
+
+        def loss_fn(output, target):
+            with torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype is not None):
+                return loss_of(output, target)
+
+        kind = PP_SCHEDULE[a.strategy]
+        if kind == "interleaved":
+            schedule = ScheduleInterleaved1F1B(pipeline, n_microbatches=m, loss_fn=loss_fn)
+        else:
+            schedule = (ScheduleGPipe if kind == "gpipe" else Schedule1F1B)(pipeline[0], n_microbatches=m, loss_fn=loss_fn)
+        opt = torch.optim.SGD([p for mod in modules for p in mod.parameters()], lr=0.01, momentum=0.9)
+        waited = [0.0]
+        wait = schedules._wait_batch_p2p
+
+        def timed_wait(work):
+            start = time.perf_counter()
+            try:
+                return wait(work)
+            finally:
+                waited[0] += time.perf_counter() - start
+
+        schedules._wait_batch_p2p = timed_wait
+        loop, bubble = Loop(a, self.slowest), []
+
+        def step():
+            opt.zero_grad()
+            waited[0], start = 0.0, time.perf_counter()
+            args = (x,) if rank == 0 else ()
+            schedule.step(*args, **({"target": y, "losses": []} if rank == world - 1 else {}))
+            seconds = time.perf_counter() - start
+            if loop.timed:
+                bubble.append(waited[0] / seconds if seconds > 0 else 0.0)
+            loop.phase(loop.optimizer, opt.step)
+
+        try:
+            loop.run(step)
+            held = -1
+            if self.cuda:
+                held = 0
+                for _ in range(2):
+                    torch.cuda.reset_peak_memory_stats(device)
+                    start = torch.cuda.memory_allocated(device)
+                    step()
+                    held = max(held, torch.cuda.max_memory_allocated(device) - start)
+        finally:
+            schedules._wait_batch_p2p = wait
+        return dict(loop=loop, params=params, grad_bytes=grad_bytes, buckets=0, devices=None, state=None,
+                    pp_bubble=percentile(bubble, 0.5), pp_activation_bytes=held)
 
     def fully_shard_units(self, net, mesh=None):
         """FSDP2 on Tandem's units (Sequential entries, the GPT's embedding and head), over `mesh`
@@ -683,7 +824,8 @@ class Measurement:
             memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
         loop = result["loop"]
         state = result.get("state") or [-1, -1, -1]
-        return torch.tensor([percentile(loop.times, 0.5), float(memory), loop.faults_per_step] + [float(b) for b in state],
+        return torch.tensor([percentile(loop.times, 0.5), float(memory), loop.faults_per_step] + [float(b) for b in state] +
+                            [result.get("pp_bubble", -1.0), float(result.get("pp_activation_bytes", -1))],
                             dtype=torch.float64)
 
     def report(self, result):
@@ -701,6 +843,15 @@ class Measurement:
             emit(self.a, self.record(result, gathered))
         if dist.is_initialized():
             dist.barrier()
+
+    def pipeline_fields(self, gathered):
+        """The worker's pipeline fields (Note [Pipeline measurements])."""
+        a, world = self.a, self.world
+        v, m = pp_stages_per_rank(a), microbatches(a, world)
+        return {"pp_schedule": PP_SCHEDULE[a.strategy], "pp_microbatches": m, "pp_stages_per_rank": v,
+                "rank_pp_bubble": [g[6].item() for g in gathered],
+                "pp_bubble_theory": (world - 1) / (v * m + world - 1),
+                "rank_pp_activation_bytes": [int(g[7].item()) for g in gathered]}
 
     def record(self, result, gathered):
         a, loop = self.a, result["loop"]
@@ -723,6 +874,7 @@ class Measurement:
             versions=self.versions,
             # CPU collectives: always Gloo here (PyTorch's wheel has no MPI); one process: none.
             **({} if self.cuda or launch(a) != "ranks" else {"backend": "gloo"}),
+            **({} if a.strategy not in PP_SCHEDULE else self.pipeline_fields(gathered)),
             **({} if not result.get("state") else {"model_state_bytes": [
                 {"params": int(g[3].item()), "grads": int(g[4].item()), "optimizer": int(g[5].item())}
                 for g in gathered]}))

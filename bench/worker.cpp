@@ -6,13 +6,15 @@
 //                       [--batch-size B] [--steps N] [--warmup K] [--min-seconds S] [--threads T]
 //                       [--precision fp32|bf16|fp16] [--device cpu|cuda] [--replicas R]
 //                       [--sweep-min-bytes N] [--sweep-max-bytes N]
-//                       [--sweep-collective all_reduce|reduce_scatter|all_gather] [--out FILE]
+//                       [--sweep-collective all_reduce|reduce_scatter|all_gather] [--microbatches M]
+//                       [--out FILE]
 //
 // Strategies: single (plain loop, world 1), ddp (DistributedDataParallel, synced every step),
 // ddp-no-sync (DDP with every step under no_sync: compute without communication), zero1, zero2
 // (DDP with ZeRO-1 or ZeRO-2 over the same SGD), fsdp (FullyShardedDataParallel), tp and fsdp+tp
 // (tensor parallelism on the GPT over every rank, or over pairs with FSDP across them: Note [TP
-// traffic]), accelerate-zero1/2 (the Accelerator's zero_stage), accelerate
+// traffic]), pp-gpipe, pp-1f1b, pp-interleaved (one pipeline of the GPT over every rank, M
+// microbatches, 2 x ranks by default: Note [Pipeline measurements]), accelerate-zero1/2 (the Accelerator's zero_stage), accelerate
 // (tandem::Accelerator, strategy Ddp), dp-replicate / dp-persistent (tandem::dp::DataParallel
 // over R replicas in one process), allreduce (the model's gradient bytes all-reduced through the
 // process group, in DDP's bucket layout and flat), sweep (all_reduce of float32 buffers from
@@ -40,8 +42,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -60,6 +64,7 @@
 #include "tandem/error.h"
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/host_allocator.h"
+#include "tandem/pp/schedule.h"
 #include "tandem/tp/loss_parallel.h"
 #include "tandem/tp/parallelize.h"
 #include "tandem/version.h"
@@ -88,6 +93,7 @@ struct Options {
   double min_seconds = 0;  // the timed steps last at least this long: more steps than --steps if short
   int64_t sweep_min_bytes = 4096, sweep_max_bytes = int64_t{64} << 20;
   std::string sweep_collective = "all_reduce";  // or reduce_scatter, all_gather (ZeRO's)
+  int microbatches = 0;  // pp-*: per step (0: twice the ranks)
 
   bool cuda() const { return device == "cuda"; }
   const bench::Strategy& entry() const { return bench::lookup_strategy(strategy); }
@@ -120,6 +126,19 @@ int64_t cuda_peak_bytes(int device) {
   using c10::CachingDeviceAllocator::StatType;
   auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
   return stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+/// The CUDA allocator's bytes on `device` now, its peak since then reset to them.
+int64_t cuda_reset_peak(int device) {
+#ifdef TANDEM_HAVE_CUDA
+  using c10::CachingDeviceAllocator::StatType;
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current;
 #else
   (void)device;
   return 0;
@@ -205,6 +224,8 @@ struct Result {
   std::vector<double> times, forward, backward, optimizer;
   std::vector<double> exposed_gather, exposed_reduce_scatter;  // fsdp: host time blocked per timed step
   std::vector<double> tp_wait, tp_bytes, tp_collectives;       // tp: the TP group's traffic per timed step
+  std::vector<double> pp_bubble;         // pp-*: this rank's share of each timed step blocked on a neighbour
+  int64_t pp_activation_bytes = -1;      // pp-*: the most a step held at once beyond its start
   double faults_per_step = 0;
   int steps = 0;
   int64_t params = 0, grad_bytes = 0, buckets = 0;
@@ -326,6 +347,74 @@ std::vector<int64_t> bucket_layout(Model& model) {
   return out;
 }
 
+// Note [Pipeline measurements]
+// pp-*: one pipeline over every rank (P of them), the GPT cut by pp::stage_blocks into P stages
+// (2P interleaved: stages r and r + P on rank r), training one batch of B x P samples (the same on
+// every rank: stage 0 reads its tokens, the last stage its targets) in m microbatches
+// (--microbatches; 2P by default, a multiple of P as interleaved needs). Each timed step records
+// the share of it this rank was blocked on a neighbour, Schedule::last_step().bubble(): the bubble
+// as the rank saw it, which an ideal pipeline of equal stages puts at (P - 1) / (v m + P - 1).
+// Then a few untimed steps of a second schedule over the same stages with track_memory (its
+// counting allocator takes a lock per allocation, so no timed step runs under it) give the most
+// bytes a step held at once beyond those alive when it began: the activations kept for backward,
+// the messages in flight and backward's transients. On CUDA the device allocator's peak over the
+// step, less its bytes at the step's start, stands for that count.
+void measure_pipeline(const Options& o, const comm::World& world, const std::shared_ptr<comm::ProcessGroup>& pg,
+                      bench::Gpt& net, const at::Tensor& x, const at::Tensor& y, Loop& loop, Result& r) {
+  const bench::Strategy& entry = o.entry();
+  const int P = world.world_size, stages = P * bench::pipeline_stages_per_rank(entry);
+  const int m = o.microbatches > 0 ? o.microbatches : 2 * P;
+  std::vector<bench::GptStage> modules;
+  std::vector<std::unique_ptr<pp::Stage>> owned;
+  std::vector<pp::Stage*> mine;
+  std::vector<at::Tensor> parameters;
+  for (int s = world.rank; s < stages; s += P) {
+    modules.push_back(bench::GptStage(net, s, stages));
+    // Under bf16 each forward (and loss) autocasts; the backwards, which the schedule runs in the
+    // same step, do not (as plain_step's).
+    auto forward = [&o, stage = modules.back().ptr()](const at::Tensor& in) {
+      std::optional<amp::AutocastScope> autocast;
+      if (auto dtype = autocast_dtype(o)) autocast.emplace(device_type(o), *dtype);
+      return stage->forward(in);
+    };
+    owned.push_back(std::make_unique<pp::Stage>(modules.back().ptr(), forward, s, stages, pg));
+    mine.push_back(owned.back().get());
+    for (const auto& p : modules.back()->parameters()) parameters.push_back(p);
+  }
+  auto make_schedule = [&](bool track_memory) -> std::unique_ptr<pp::Schedule> {
+    const auto options = pp::ScheduleOptions().track_memory(track_memory);
+    const pp::LossFn loss = [&o](const at::Tensor& output, const at::Tensor& target) {
+      std::optional<amp::AutocastScope> autocast;
+      if (auto dtype = autocast_dtype(o)) autocast.emplace(device_type(o), *dtype);
+      return bench::loss_of(output, target);
+    };
+    if (entry.pp_schedule == "gpipe") return std::make_unique<pp::ScheduleGPipe>(*mine.front(), m, loss, options);
+    if (entry.pp_schedule == "1f1b") return std::make_unique<pp::Schedule1F1B>(*mine.front(), m, loss, options);
+    return std::make_unique<pp::ScheduleInterleaved1F1B>(mine, m, loss, options);
+  };
+  auto opt = make_sgd(parameters);
+  const at::Tensor inputs = world.rank == 0 ? x : at::Tensor();
+  const at::Tensor targets = world.rank == P - 1 ? y : at::Tensor();  // stage stages - 1 runs on rank P - 1
+  auto step = [&](pp::Schedule& schedule) {
+    opt.zero_grad();
+    schedule.step(inputs, targets);
+    loop.phase(loop.optimizer, [&] { opt.step(); });
+  };
+  const auto timed = make_schedule(false);
+  loop.run([&] {
+    step(*timed);
+    if (loop.timed) r.pp_bubble.push_back(timed->last_step().bubble());
+  });
+  const auto counted = make_schedule(!o.cuda());
+  r.pp_activation_bytes = 0;
+  for (int i = 0; i < 2; ++i) {
+    const int64_t start = o.cuda() ? cuda_reset_peak(world.local_rank) : 0;
+    step(*counted);
+    const int64_t held = o.cuda() ? cuda_peak_bytes(world.local_rank) - start : counted->last_step().peak_bytes.value_or(0);
+    r.pp_activation_bytes = std::max(r.pp_activation_bytes, held);
+  }
+}
+
 template <typename Holder>
 Result measure(const Options& o, const comm::World& world, const std::shared_ptr<comm::ProcessGroup>& pg,
                const std::function<Holder()>& make) {
@@ -338,11 +427,12 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
   }
   const c10::Device device =
       o.cuda() ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(o.dp() ? 0 : world.local_rank)) : c10::kCPU;
-  // DataParallel: B per replica. Tensor parallelism: each TP group trains one batch of B per rank
-  // in it, the same on each of its ranks (Note [TP traffic]).
+  // DataParallel: B per replica. Tensor parallelism and pipelines: each TP group, or the pipeline,
+  // trains one batch of B per rank in it, the same on each of its ranks (Note [TP traffic]).
   const int tp = bench::tp_group_size(o.entry(), world.world_size);
-  const int64_t samples = o.dp() ? o.batch * o.replicas : o.batch * tp;
-  auto [x_cpu, y_cpu] = bench::synthetic_batch(o.model, o.scale, samples, 100 + static_cast<uint64_t>(world.rank / tp));
+  const int group = bench::batch_group_size(o.entry(), world.world_size);
+  const int64_t samples = o.dp() ? o.batch * o.replicas : o.batch * group;
+  auto [x_cpu, y_cpu] = bench::synthetic_batch(o.model, o.scale, samples, 100 + static_cast<uint64_t>(world.rank / group));
   const at::Tensor x = x_cpu.to(device), y = y_cpu.to(device);
   auto scaler = make_scaler(o);
   amp::GradScaler* scaler_ptr = scaler ? &*scaler : nullptr;
@@ -391,6 +481,11 @@ Result measure(const Options& o, const comm::World& world, const std::shared_ptr
     const auto m = model->memory();
     r.model_state = std::array<int64_t, 3>{m.parameter_shards, m.gradient_shards, zero::optimizer_state_bytes(opt)};
     r.transient = std::array<int64_t, 2>{m.peak_transient, m.two_largest_units};
+  } else if (!o.entry().pp_schedule.empty()) {
+    if constexpr (std::is_same_v<Holder, bench::Gpt>) {
+      net->to(device);
+      measure_pipeline(o, world, pg, net, x, y, loop, r);
+    }
   } else if (o.entry().tp_size != 0) {
     // Note [TP traffic]
     // tp: one TP group of every rank; fsdp+tp: TP pairs, FSDP across them (mesh dp x tp). The
@@ -610,6 +705,15 @@ std::optional<std::string> unsupported(const Options& o, const comm::World& worl
              " classes over " + std::to_string(tp) + " ranks: they do not divide";
     }
   }
+  if (const int v = bench::pipeline_stages_per_rank(entry); v > 0) {  // Note [Pipeline measurements]
+    const int P = world.world_size, m = o.microbatches > 0 ? o.microbatches : 2 * P;
+    if (auto why = bench::gpt_pipeline_refusal(o.scale, int64_t{P} * v); !why.empty()) return o.strategy + ": " + why;
+    if (m < P || (v > 1 && m % P != 0) || o.batch * P < m) {
+      return o.strategy + " at " + std::to_string(P) + " ranks cannot run " + std::to_string(m) +
+             " microbatches: it needs at least " + std::to_string(P) + (v > 1 ? ", a multiple of them," : "") +
+             " and at most the batch's " + std::to_string(o.batch * P) + " samples";
+    }
+  }
   if (o.cuda()) {
     if (!built_with_cuda()) return std::string("this tandem-bench-worker was built without CUDA");
     const int gpus = comm::cuda_device_count();
@@ -656,6 +760,8 @@ int main(int argc, char** argv) {
   app.add_option("--sweep-collective", o.sweep_collective, "sweep: which collective (the report knows all_reduce)")
       ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather"}));
   app.add_option("--sweep-max-bytes", o.sweep_max_bytes, "sweep: largest buffer")->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
+  app.add_option("--microbatches", o.microbatches, "pp-*: microbatches per step (default: twice the ranks)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--out", o.out, "append the record here (default: stdout)");
   try {
     app.parse(argc, argv);
@@ -715,7 +821,8 @@ int main(int argc, char** argv) {
     const auto transient = r.transient.value_or(std::array<int64_t, 2>{-1, -1});
     auto all = pg->all_gather(at::tensor({p50, memory, r.faults_per_step, static_cast<double>(state[0]),
                                           static_cast<double>(state[1]), static_cast<double>(state[2]),
-                                          static_cast<double>(transient[0]), static_cast<double>(transient[1])},
+                                          static_cast<double>(transient[0]), static_cast<double>(transient[1]),
+                                         percentile(r.pp_bubble, 0.5), static_cast<double>(r.pp_activation_bytes)},
                                          at::kDouble));
     if (world.is_main()) {
       Json rank_p50 = Json::array(), peak = Json::array(), faults = Json::array(), model_state = Json::array(),
@@ -757,6 +864,20 @@ int main(int argc, char** argv) {
       if (!r.exposed_gather.empty()) {  // rank 0's, as the phases
         record["exposed_gather_p50_s"] = percentile(r.exposed_gather, 0.5);
         record["exposed_reduce_scatter_p50_s"] = percentile(r.exposed_reduce_scatter, 0.5);
+      }
+      if (const int v = bench::pipeline_stages_per_rank(o.entry()); v > 0) {  // Note [Pipeline measurements]
+        const int P = world.world_size, m = o.microbatches > 0 ? o.microbatches : 2 * P;
+        Json bubble = Json::array(), held = Json::array();
+        for (const auto& t : all) {
+          bubble.push_back(t[8].item<double>());
+          held.push_back(static_cast<int64_t>(t[9].item<double>()));
+        }
+        record["pp_schedule"] = o.entry().pp_schedule;
+        record["pp_microbatches"] = m;
+        record["pp_stages_per_rank"] = v;
+        record["rank_pp_bubble"] = bubble;
+        record["pp_bubble_theory"] = static_cast<double>(P - 1) / (v * m + P - 1);
+        record["rank_pp_activation_bytes"] = held;
       }
       if (o.entry().tp_size != 0) {  // rank 0's TP group, per timed step (Note [TP traffic])
         record["tp_size"] = bench::tp_group_size(o.entry(), world.world_size);

@@ -7,7 +7,7 @@
 //   medium  ResNet-18's topology with the CIFAR stem, widths w,2w,4w,8w, on [B,3,H,H]:
 //           tiny w=4 H=16; cpu w=16 H=32; full w=64 H=32 (the real ResNet-18, 11.2 M)
 //   large   a GPT-style pre-LN decoder on [B,T] tokens, next-token loss over every position:
-//           tiny V=128 T=16 d=32 L=1 heads=2; cpu V=4096 T=64 d=192 L=4 heads=6;
+//           tiny V=128 T=16 d=32 L=3 heads=2; cpu V=4096 T=64 d=192 L=4 heads=6;
 //           full V=8192 T=256 d=512 L=8 heads=8
 //
 // The GPT's layers that tensor parallelism cuts are tandem::nn::Hookable (gpt_tp_plan); under the
@@ -33,6 +33,7 @@
 #include "tandem/error.h"
 #include "tandem/fsdp/unit.h"
 #include "tandem/nn/hookable.h"
+#include "tandem/pp/sequential_slice.h"
 #include "tandem/tp/style.h"
 
 namespace tandem::bench {
@@ -141,7 +142,7 @@ struct GptConfig {
 };
 
 inline GptConfig gpt_config(const std::string& scale) {
-  if (scale == "tiny") return {128, 16, 32, 1, 2};
+  if (scale == "tiny") return {128, 16, 32, 3, 2};  // 3 blocks: a pipeline of 4 stages (2 x 2 interleaved)
   if (scale == "cpu") return {4096, 64, 192, 4, 6};
   return {8192, 256, 512, 8, 8};
 }
@@ -207,6 +208,47 @@ struct GptImpl : torch::nn::Module {
   tandem::fsdp::Unit head;
 };
 TORCH_MODULE(Gpt);
+
+/// Stage `stage` of `stages` of a Gpt, for pipeline parallelism (the pp-* strategies): its blocks
+/// (pp::stage_blocks), the embeddings on the first stage, the final LayerNorm and the head on the
+/// last, under the whole model's names and sharing its parameters. Every stage but the last needs
+/// a block (gpt_pipeline_refusal).
+struct GptStageImpl : torch::nn::Module {
+  GptStageImpl(const Gpt& whole, int64_t stage, int64_t stages) {
+    if (stage == 0) {
+      tok_emb = register_module("tok_emb", whole->tok_emb);
+      pos_emb = register_module("pos_emb", whole->pos_emb);
+    }
+    const auto [first, last] = tandem::pp::stage_blocks(static_cast<int64_t>(whole->blocks->size()), stage, stages);
+    blocks = register_module("blocks", tandem::pp::SequentialSlice(whole->blocks, first, last));
+    if (stage == stages - 1) {
+      ln_f = register_module("ln_f", whole->ln_f);
+      head = register_module("head", whole->head);
+    }
+  }
+  /// tokens [B,T] on the first stage, the hidden state [B,T,d] after it -> the next stage's input
+  /// (the logits [B,T,V] on the last)
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = tok_emb ? tok_emb(x) + pos_emb(at::arange(x.size(1), x.options().dtype(at::kLong))) : x;
+    h = blocks(h);
+    return head ? head(ln_f(h)) : h;
+  }
+  tandem::fsdp::Unit tok_emb{nullptr};
+  torch::nn::Embedding pos_emb{nullptr};
+  tandem::pp::SequentialSlice blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  tandem::fsdp::Unit head{nullptr};
+};
+TORCH_MODULE(GptStage);
+
+/// Why the GPT at `scale` cannot be cut into `stages` pipeline stages, or "": every stage but
+/// the last must hold a block (the last holds at least the head). peer.py says the same.
+inline std::string gpt_pipeline_refusal(const std::string& scale, int64_t stages) {
+  const int64_t layers = gpt_config(scale).layers;
+  if (layers >= stages - 1) return "";
+  return "the " + scale + " GPT's " + std::to_string(layers) + " blocks cannot fill " + std::to_string(stages) +
+         " pipeline stages (every stage but the last needs one)";
+}
 
 /// Megatron's plan for the GPT (tiny_gpt's, and peer.py's parallelize_module plan): the embedding
 /// by vocabulary rows, attention by heads (q, k, v by columns, proj by rows), the MLP by its

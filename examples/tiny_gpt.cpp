@@ -51,6 +51,7 @@
 #include "tandem/fsdp/auto_wrap.h"
 #include "tandem/fsdp/unit.h"
 #include "tandem/nn/hookable.h"
+#include "tandem/pp/sequential_slice.h"
 #include "tandem/tp/loss_parallel.h"
 #include "tandem/tp/parallelize.h"
 
@@ -121,25 +122,9 @@ struct GptImpl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
-// One pipeline stage of a Gpt: blocks [first, last) of it, with the embeddings on the first stage
-// and the final LayerNorm and the head on the last, registered under the whole model's names
-// ("blocks.3...") so that checkpoints are the whole model's (Note [Pipeline checkpoints]).
-struct BlockRangeImpl : torch::nn::Module {
-  BlockRangeImpl(const torch::nn::Sequential& all, int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) {
-      const torch::nn::AnyModule& block = all->begin()[i];
-      register_module(std::to_string(i), block.ptr());
-      blocks.push_back(block);
-    }
-  }
-  at::Tensor forward(at::Tensor h) {
-    for (auto& block : blocks) h = block.forward(h);
-    return h;
-  }
-  std::vector<torch::nn::AnyModule> blocks;
-};
-TORCH_MODULE(BlockRange);
-
+// One pipeline stage of a Gpt: its blocks (pp::stage_blocks), with the embeddings on the first
+// stage and the final LayerNorm and the head on the last, registered under the whole model's
+// names ("blocks.3...") so that checkpoints are the whole model's (Note [Pipeline checkpoints]).
 struct GptStageImpl : torch::nn::Module {
   GptStageImpl(const Gpt& whole, int64_t stage, int64_t stages, int64_t layers) {
     const bool first = stage == 0, last = stage == stages - 1;
@@ -147,10 +132,8 @@ struct GptStageImpl : torch::nn::Module {
       tok_emb = register_module("tok_emb", whole->tok_emb);
       pos_emb = register_module("pos_emb", whole->pos_emb);
     }
-    // The first `layers % stages` stages take one block more.
-    const int64_t base = layers / stages, extra = layers % stages;
-    const int64_t begin = stage * base + std::min(stage, extra);
-    blocks = register_module("blocks", BlockRange(whole->blocks, begin, begin + base + (stage < extra ? 1 : 0)));
+    const auto [first_block, last_block] = tandem::pp::stage_blocks(layers, stage, stages);
+    blocks = register_module("blocks", tandem::pp::SequentialSlice(whole->blocks, first_block, last_block));
     if (last) {
       ln_f = register_module("ln_f", whole->ln_f);
       head = register_module("head", whole->head);
@@ -163,7 +146,7 @@ struct GptStageImpl : torch::nn::Module {
   }
   tandem::fsdp::Unit tok_emb{nullptr};
   torch::nn::Embedding pos_emb{nullptr};
-  BlockRange blocks{nullptr};
+  tandem::pp::SequentialSlice blocks{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
   tandem::fsdp::Unit head{nullptr};
 };

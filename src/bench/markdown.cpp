@@ -229,6 +229,57 @@ void render_tensor_parallel(const Analysis& analysis, bool backends, std::ostrin
         "(the sweep's convention).\n";
 }
 
+// Pipeline parallelism: each rank's share of the step blocked on its neighbours beside the
+// theory's bubble, and the activations each held at once; then GPipe against 1F1B, stage by
+// stage, where both ran at the same world (what 1F1B's order saves).
+void render_pipeline(const Analysis& analysis, bool backends, std::ostringstream& md) {
+  auto pipelined = [](const Row& r) { return !r.pp_schedule.empty(); };
+  if (std::none_of(analysis.rows.begin(), analysis.rows.end(), pipelined)) return;
+  auto by_rank = [](const std::vector<Stat>& stats, double scale, int digits, const char* unit) {
+    std::string text;
+    for (const auto& s : stats) text += (text.empty() ? "" : " / ") + (s.empty() ? "–" : num(s.median * scale, digits) + unit);
+    return text.empty() ? std::string("–") : text;
+  };
+  md << "\n### Pipeline: bubble and activation memory per stage (medians)\n\n"
+        "| model | strategy | devices | microbatches | step ms | bubble in theory | bubble measured, by rank "
+        "| activations held MiB, by rank |\n"
+        "|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : analysis.rows) {
+    if (!pipelined(r)) continue;
+    md << "| " << r.model << " | " << label(r, backends) << " | " << devices(r) << " | " << r.pp_microbatches
+       << (r.pp_stages_per_rank > 1 ? " (" + std::to_string(r.pp_stages_per_rank) + " stages per rank)" : "") << " | "
+       << median(r.p50_ms, 1) << " | " << num(100.0 * r.pp_bubble_theory, 0) << " % | "
+       << by_rank(r.pp_bubble, 100.0, 0, " %") << " | " << by_rank(r.pp_activation_MB, 1.0, 2, "") << " |\n";
+  }
+  bool compared = false;
+  for (const auto& r : analysis.rows) {
+    if (r.pp_schedule != "1f1b") continue;
+    const Row* gpipe = find_row(analysis.rows, r.model, r.impl, "pp-gpipe", r.world, r.nodes, r.backend);
+    if (!gpipe || r.pp_activation_MB.empty() || gpipe->pp_activation_MB.size() != r.pp_activation_MB.size()) continue;
+    std::string stages;
+    for (size_t k = 0; k < r.pp_activation_MB.size(); ++k) {
+      const Stat &one = r.pp_activation_MB[k], &all = gpipe->pp_activation_MB[k];
+      if (one.empty() || all.empty() || all.median <= 0) continue;
+      stages += (stages.empty() ? "" : ", ") + std::string("on stage ") + std::to_string(k) + " " + num(one.median, 2) +
+                " MiB against " + (stages.empty() ? "GPipe's " : "") + num(all.median, 2) + " (" +
+                num(100.0 * one.median / all.median, 0) + " %)";
+    }
+    if (stages.empty()) continue;
+    if (!compared) md << "\n";
+    compared = true;
+    md << "- " << r.model << ", " << base_label(r) << " at " << device_count(r.world) << backend_suffix(backends ? r.backend : "")
+       << ", " << r.pp_microbatches << " microbatches: activations held " << stages << ".\n";
+  }
+  md << "\nThe bubble in theory is (P - 1) / (v m + P - 1) for P ranks, v stages per rank and m microbatches: the "
+        "idle share of an ideal pipeline of equal stages whose messages cost nothing. The bubble measured is the "
+        "share of the step a rank waited on its neighbours (receiving, and for its sends to complete): it adds the "
+        "messages' own time and the stages' imbalance (the first holds the embeddings, the last the head and the "
+        "loss). Activations held: the most bytes a step held at once on the rank beyond those alive when it began "
+        "(activations kept for backward, messages in flight, backward's transients), counted by Tandem's allocator on "
+        "CPU, by the device allocator's peak on CUDA; PyTorch's CPU allocator keeps no such count (–). GPipe keeps "
+        "every microbatch's activations until its backwards begin; 1F1B at most P - s on stage s, whatever m.\n";
+}
+
 std::string describe_machine(const Results& results) {
   const auto& m = results.machine;
   std::string text = m.value("cpu", std::string("unknown CPU"));
@@ -306,6 +357,7 @@ std::string render_markdown(const Results& results, const Analysis& analysis) {
   render_model_state(analysis, backends, md);
   render_fsdp_step(analysis, backends, md);
   render_tensor_parallel(analysis, backends, md);
+  render_pipeline(analysis, backends, md);
 
   md << "\n## Recommendation\n\n";
   if (analysis.recommendations.empty()) md << "Nothing to recommend: no model has a one-device baseline.\n";

@@ -116,6 +116,20 @@ std::vector<std::string> parse_list(const std::string& flag, const std::string& 
   return out;
 }
 
+std::vector<std::string> parse_strategies(const std::string& value) {
+  auto allowed = user_strategies();
+  const auto groups = strategy_groups();
+  for (const auto& group : groups) allowed.push_back(group.first);
+  std::vector<std::string> out;
+  for (const auto& item : parse_list("--strategies", value, allowed)) {
+    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == item; });
+    for (const auto& name : group == groups.end() ? std::vector<std::string>{item} : group->second) {
+      if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+    }
+  }
+  return out;
+}
+
 std::vector<int> parse_worlds(const std::string& value) {
   TANDEM_CHECK(value.empty() || value.back() != ',', "--nproc: '", value, "' ends with a comma (expected e.g. 1,2,4)");
   std::vector<int> out;

@@ -30,6 +30,7 @@ struct BenchConfig {
   bool sweep = false;                      // --sweep: the all-reduce sweep at every world above one
   bool at_world_one = false;               // --at-world-one: every strategy at world 1 too (one device)
   int64_t sweep_min_bytes = 4096, sweep_max_bytes = int64_t{64} << 20;  // float32 buffers, x4 apart
+  int microbatches = 0;                    // --microbatches: a pipeline's per step (0: twice its ranks)
 };
 
 /// One measurement: a process group running one worker (ours or PyTorch's) once.
@@ -73,6 +74,9 @@ std::vector<Planned> plan(const BenchConfig& config, bool with_peers);
 /// tandem::Error naming `flag` and the allowed values.
 std::vector<std::string> parse_list(const std::string& flag, const std::string& value,
                                     const std::vector<std::string>& allowed);
+/// --strategies: the user strategies (strategies.h), a group name standing for its members
+/// ("pp": every pipeline schedule), deduplicated in the order given. Throws as parse_list.
+std::vector<std::string> parse_strategies(const std::string& value);
 std::vector<int> parse_worlds(const std::string& value);
 /// --backends: gloo and/or mpi, checked against the device (CPU only: CUDA tensors go through
 /// NCCL) and this build (`mpi_built`: TANDEM_BUILT_WITH_MPI). Throws tandem::Error saying why.

@@ -22,6 +22,9 @@ namespace tandem::bench {
 //    paragraph says for each TP row what it paid, the share of its step blocked in its TP
 //    collectives and their bytes, and what it bought, its model state per rank against the
 //    winner's (or one device's): the two numbers that decide whether it pays elsewhere.
+// 5. Pipeline parallelism competes by the same rules; its account is the bubble: the largest
+//    share of its step a rank waited on its neighbours, beside the theory's (P - 1) / (v m + P - 1)
+//    (more microbatches shrink both, while each microbatch's work shrinks with them).
 
 namespace {
 
@@ -58,6 +61,20 @@ std::string tensor_parallel_account(const Row& r, const Row* against, const std:
             "'s " + fmt("%.1f", state_MB(*against));
   }
   return text + ")";
+}
+
+// Rule 5's account of a pipeline row: " (pipeline of 4, 8 microbatches: up to 31 % of a step
+// blocked on its neighbours, 27 % in theory)"; "" for other rows.
+std::string pipeline_account(const Row& r) {
+  if (r.pp_schedule.empty()) return "";
+  double worst = -1;
+  for (const auto& s : r.pp_bubble) {
+    if (!s.empty()) worst = std::max(worst, s.median);
+  }
+  if (worst < 0) return "";
+  return " (pipeline of " + std::to_string(r.world) + ", " + std::to_string(r.pp_microbatches) +
+         " microbatches: up to " + fmt("%.0f", 100.0 * worst) + " % of a step blocked on its neighbours, " +
+         fmt("%.0f", 100.0 * r.pp_bubble_theory) + " % in theory)";
 }
 
 // The close of rule 4 when TP ran but lost: when it would pay.
@@ -135,12 +152,12 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
         if (!best->exposed_comm_ms.empty()) {
           why += ", its step waits " + fmt("%.1f", best->exposed_comm_ms.median) + " ms for gradient sync";
         }
-        why += tensor_parallel_account(*best, nullptr, rows);
+        why += tensor_parallel_account(*best, nullptr, rows) + pipeline_account(*best);
         why += ": more devices do not pay for themselves on this machine";
         for (const Row* c : candidates) {
-          if (c != best && !c->tp_comm_ms.empty()) {
+          if (c != best && (!c->tp_comm_ms.empty() || !c->pp_schedule.empty())) {
             why += "; " + strategy_name(*c, rows) + " " + fmt("%.2f", c->samples_per_s.median / base) + "x one device" +
-                   tensor_parallel_account(*c, best, rows);
+                   tensor_parallel_account(*c, best, rows) + pipeline_account(*c);
           }
         }
         why += tensor_parallel_verdict(candidates, nullptr);
@@ -163,10 +180,11 @@ std::vector<Recommendation> recommend(const std::vector<Row>& rows, const std::v
         }
         why += tensor_parallel_account(*best, fullest, rows) + ": tensor parallelism pays here";
       }
+      why += pipeline_account(*best);
       for (const Row* c : candidates) {
         if (c == best) continue;
         why += "; " + strategy_name(*c, rows) + " " + fmt("%.2f", c->samples_per_s.median / best->samples_per_s.median) + "x";
-        why += tensor_parallel_account(*c, best, rows);
+        why += tensor_parallel_account(*c, best, rows) + pipeline_account(*c);
         if (!c->mem_primary_MB.empty() && !c->mem_others_MB.empty() &&
             c->mem_primary_MB.median > c->mem_others_MB.median * 1.1) {
           why += " with its primary at " + fmt("%.0f", c->mem_primary_MB.median) + " MiB against " +

@@ -122,6 +122,14 @@ Run run_from_record(const json& record) {
   r.tp_comm_s = field_or<double>(record, "tp_comm_p50_s", -1, where);
   r.tp_comm_bytes = field_or<int64_t>(record, "tp_comm_bytes", -1, where);
   r.tp_collectives = field_or<int64_t>(record, "tp_collectives", -1, where);
+  r.pp_schedule = field_or<std::string>(record, "pp_schedule", "", where);
+  if (!r.pp_schedule.empty()) {
+    r.pp_microbatches = field<int>(record, "pp_microbatches", where);
+    r.pp_stages_per_rank = field<int>(record, "pp_stages_per_rank", where);
+    r.pp_bubble = field<std::vector<double>>(record, "rank_pp_bubble", where);
+    r.pp_bubble_theory = field<double>(record, "pp_bubble_theory", where);
+    r.pp_activation_bytes = field<std::vector<double>>(record, "rank_pp_activation_bytes", where);
+  }
   r.allreduce_p50_s = field_or<double>(record, "allreduce_p50_s", 0, where);
   r.flat_allreduce_p50_s = field_or<double>(record, "flat_allreduce_p50_s", 0, where);
   if (record.contains("sweep")) {
@@ -166,6 +174,11 @@ json to_json(const Run& r) {
     j["tp_comm_bytes"] = r.tp_comm_bytes;
     j["tp_collectives"] = r.tp_collectives;
   }
+  if (!r.pp_schedule.empty()) {
+    j.update({{"pp_schedule", r.pp_schedule}, {"pp_microbatches", r.pp_microbatches},
+              {"pp_stages_per_rank", r.pp_stages_per_rank}, {"rank_pp_bubble", r.pp_bubble},
+              {"pp_bubble_theory", r.pp_bubble_theory}, {"rank_pp_activation_bytes", r.pp_activation_bytes}});
+  }
   if (r.exposed_gather_s >= 0) {
     j["exposed_gather_p50_s"] = r.exposed_gather_s;
     j["exposed_reduce_scatter_p50_s"] = r.exposed_reduce_scatter_s;
@@ -189,7 +202,8 @@ json to_json(const Results& results) {
               {"repeats", c.repeats}, {"threads", c.threads}, {"peers", c.peers},
               {"python", c.python},   {"project", c.project},     {"link_intra", c.link_intra},
               {"link_inter", c.link_inter}, {"backends", c.backends}, {"sweep", c.sweep},
-              {"sweep_min_bytes", c.sweep_min_bytes}, {"sweep_max_bytes", c.sweep_max_bytes}};
+              {"sweep_min_bytes", c.sweep_min_bytes}, {"sweep_max_bytes", c.sweep_max_bytes},
+              {"microbatches", c.microbatches}};
   json doc{{"schema", kResultsSchema}, {"tandem_version", results.tandem_version},
            {"created_utc", results.created_utc}, {"command", results.command},
            {"machine", results.machine}, {"config", config}, {"runs", json::array()},
@@ -239,6 +253,7 @@ Results results_from_json(const json& doc, const std::string& source) {
   c.sweep = field_or<bool>(config, "sweep", false, where);
   c.sweep_min_bytes = field_or<int64_t>(config, "sweep_min_bytes", c.sweep_min_bytes, where);
   c.sweep_max_bytes = field_or<int64_t>(config, "sweep_max_bytes", c.sweep_max_bytes, where);
+  c.microbatches = field_or<int>(config, "microbatches", 0, where);
   const auto runs = field<json>(doc, "runs", source);
   TANDEM_CHECK(runs.is_array(), source, ": \"runs\" is not an array");
   for (size_t i = 0; i < runs.size(); ++i) {

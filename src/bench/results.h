@@ -51,6 +51,16 @@ struct Run {
   int tp_size = 0;
   double tp_comm_s = -1;
   int64_t tp_comm_bytes = -1, tp_collectives = -1;
+  /// Under pipeline parallelism (one pipeline over every rank: Note [Pipeline measurements] in
+  /// bench/worker.cpp): its schedule ("" none), microbatches per step and stages per rank; the
+  /// share of the step a rank was blocked on its neighbours, p50 over the timed steps (the bubble
+  /// as it saw it), by rank, beside (P - 1) / (v m + P - 1); the most activation bytes a rank
+  /// held at once in a step, by rank (< 0: not measured, as PyTorch's on CPU).
+  std::string pp_schedule;
+  int pp_microbatches = 0, pp_stages_per_rank = 0;
+  std::vector<double> pp_bubble;
+  double pp_bubble_theory = -1;
+  std::vector<double> pp_activation_bytes;
   double allreduce_p50_s = 0, flat_allreduce_p50_s = 0;
   std::vector<SweepPoint> sweep;
   std::string unsupported;        // set: this combination does not exist; no timings

@@ -109,6 +109,9 @@ std::vector<std::string> worker_arguments(const BenchConfig& config, const Measu
     std::snprintf(seconds, sizeof seconds, "%g", config.min_seconds);
     args.insert(args.end(), {"--min-seconds", seconds});
   }
+  if (!s.pp_schedule.empty() && config.microbatches > 0) {
+    args.insert(args.end(), {"--microbatches", std::to_string(config.microbatches)});
+  }
   if (s.launch == Launch::Replicas) {
     args.push_back("--replicas");
     args.push_back(std::to_string(m.world));

@@ -154,6 +154,38 @@ std::vector<Strategy> make_table() {
   fsdp_tp.colour = "#6699CC";
   fsdp_tp.colour_mpi = "#004488";
 
+  // Pipeline parallelism: one pipeline over every rank, the GPT cut by blocks into a stage per rank
+  // (two interleaved), one batch of batch-per-device x ranks in 2 x ranks microbatches (tandem
+  // bench --microbatches). PyTorch's torch.distributed.pipelining (PipelineStage and the schedule
+  // of the same name, on Gloo too) is the peer. Figures beside the step: each stage's bubble,
+  // measured and in theory, and the activations it held at once (Note [Pipeline measurements] in
+  // bench/worker.cpp). fp16 would need the loss scale in every stage: refused, as the Accelerator does.
+  struct PipelineEntry {
+    const char *name, *schedule, *title, *summary, *colour, *colour_mpi;
+  };
+  for (const PipelineEntry& e : {
+           PipelineEntry{"pp-gpipe", "gpipe", "GPipe", "pipeline parallelism, GPipe: every microbatch forward, then every backward",
+                         "#44AA99", "#117733"},
+           PipelineEntry{"pp-1f1b", "1f1b", "1F1B", "pipeline parallelism, 1F1B: one forward, one backward, the same bubble in less memory",
+                         "#DDCC77", "#999933"},
+           PipelineEntry{"pp-interleaved", "interleaved", "interleaved 1F1B",
+                         "pipeline parallelism, interleaved 1F1B: two stages per rank, a smaller bubble for more messages",
+                         "#CC6677", "#882255"}}) {
+    Strategy& s = add(e.name, Role::Compared, Launch::Ranks, Worlds::AboveOne);
+    s.summary = e.summary;
+    s.label = std::string("Tandem PP ") + e.title;
+    s.peer = e.name;
+    s.peer_label = std::string("PyTorch PP ") + e.title;
+    s.pytorch = true;
+    s.by_default = false;
+    s.precisions = {"fp32", "bf16"};
+    s.models = {"large"};
+    s.pp_schedule = e.schedule;
+    s.group = "pp";
+    s.colour = e.colour;
+    s.colour_mpi = e.colour_mpi;
+  }
+
   // The Accelerator's loop with its zero_stage option: what a user of tandem::Accelerator runs.
   // accelerate's own ZeRO is DeepSpeed's plugin, which needs DeepSpeed: no peer here either.
   for (const char* stage : {"1", "2"}) {
@@ -258,6 +290,24 @@ int tp_group_size(const Strategy& s, int world) {
   return s.tp_size > 0 ? s.tp_size : 1;
 }
 
+int pipeline_stages_per_rank(const Strategy& s) {
+  if (s.pp_schedule.empty()) return 0;
+  return s.pp_schedule == "interleaved" ? 2 : 1;
+}
+
+int batch_group_size(const Strategy& s, int world) { return s.pp_schedule.empty() ? tp_group_size(s, world) : world; }
+
+std::vector<std::pair<std::string, std::vector<std::string>>> strategy_groups() {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (const auto& s : strategies()) {
+    if (s.group.empty()) continue;
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& g) { return g.first == s.group; });
+    if (it == out.end()) it = out.insert(out.end(), {s.group, {}});
+    it->second.push_back(s.name);
+  }
+  return out;
+}
+
 std::string table_refusal(const Strategy& s, const std::string& model, int world) {
   if (!s.models.empty() && std::find(s.models.begin(), s.models.end(), model) == s.models.end()) {
     return s.name + " has a plan for the " + join(s.models, ", ") + " model only, not " + model;
@@ -266,6 +316,9 @@ std::string table_refusal(const Strategy& s, const std::string& model, int world
     return s.name + " needs a 2-D mesh of at least two tensor-parallel groups of " + std::to_string(s.tp_size) +
            ": a multiple of " + std::to_string(s.tp_size) + " ranks, at least " + std::to_string(2 * s.tp_size) +
            " (got " + std::to_string(world) + ")";
+  }
+  if (!s.pp_schedule.empty() && world < 2) {
+    return s.name + " is a pipeline of a stage per rank: it needs at least 2 ranks (got " + std::to_string(world) + ")";
   }
   return "";
 }
@@ -296,7 +349,9 @@ nlohmann::json to_json(const Strategy& s) {
           {"by_default", s.by_default},
           {"memory", memories[static_cast<int>(s.memory)]},
           {"models", s.models},
-          {"tp_size", s.tp_size}};
+          {"tp_size", s.tp_size},
+          {"pp_schedule", s.pp_schedule},
+          {"group", s.group}};
 }
 
 std::string join(const std::vector<std::string>& items, const std::string& separator) {

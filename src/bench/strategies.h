@@ -4,6 +4,7 @@
 // runner and tandem-bench-worker's flag checks read this table; bench/peer.py's list is checked
 // against it (bench.strategies.peer). Adding a strategy: docs/benchmarks.md, "Adding a strategy".
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -75,6 +76,13 @@ struct Strategy {
   /// neighbouring ranks, FSDP across at least two of them (a 2-D mesh dp x tp). Its record carries
   /// the TP group's traffic per step (the row's communication).
   int tp_size = 0;
+  /// Pipeline parallelism: "" none; else the schedule ("gpipe", "1f1b", "interleaved") of one
+  /// pipeline over every rank, the GPT cut into one stage per rank (two, interleaved). Its record
+  /// carries each stage's bubble and activation memory (Note [Pipeline measurements] in
+  /// bench/worker.cpp).
+  std::string pp_schedule;
+  /// What `--strategies GROUP` stands for ("pp": every pipeline schedule); "" none.
+  std::string group;
   std::string colour, colour_mpi;  // plots: Tandem's line (PyTorch's shares it) and its MPI twin's
 };
 
@@ -109,6 +117,14 @@ std::string normal_backend(const std::string& strategy, const std::string& backe
 
 /// The size of `s`'s tensor-parallel groups at `world` ranks (1: no tensor parallelism).
 int tp_group_size(const Strategy& s, int world);
+/// Pipeline stages per rank under `s`: 1, or 2 interleaved; 0 without a pipeline.
+int pipeline_stages_per_rank(const Strategy& s);
+/// The ranks that train one batch together at `world` ranks: a TP group, or the whole pipeline
+/// (1: each rank its own batch). Such a group trains batch-per-device x its size samples a step.
+int batch_group_size(const Strategy& s, int world);
+/// The strategies `--strategies` accepts a group name for: {"pp": {"pp-gpipe", ...}}, in the
+/// table's order.
+std::vector<std::pair<std::string, std::vector<std::string>>> strategy_groups();
 /// Why `s` cannot run `model` at `world` ranks by the table alone (a model without a plan, a mesh
 /// the world does not make), or "". Both workers ask it (peer.py by the same rule).
 std::string table_refusal(const Strategy& s, const std::string& model, int world);

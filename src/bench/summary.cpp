@@ -174,6 +174,23 @@ std::vector<Row> summarize(const RunIndex& index) {
               return static_cast<double>(r.tp_collectives);
             });
           }
+          if (!first.pp_schedule.empty()) {  // by rank, over the repeats (a rank the record lacks: none)
+            row.pp_schedule = first.pp_schedule;
+            row.pp_microbatches = first.pp_microbatches;
+            row.pp_stages_per_rank = first.pp_stages_per_rank;
+            row.pp_bubble_theory = first.pp_bubble_theory;
+            for (size_t rank = 0; rank < first.pp_bubble.size(); ++rank) {
+              auto by_rank = [rank](const std::vector<double> Run::*field, double scale) {
+                return [rank, field, scale](int, const Run& r) -> std::optional<double> {
+                  const auto& values = r.*field;
+                  if (rank >= values.size() || values[rank] < 0) return std::nullopt;
+                  return values[rank] / scale;
+                };
+              };
+              row.pp_bubble.push_back(over_repeats(runs, by_rank(&Run::pp_bubble, 1.0)));
+              row.pp_activation_MB.push_back(over_repeats(runs, by_rank(&Run::pp_activation_bytes, kMiB)));
+            }
+          }
           if (over_ddp || measured || tp_measured) {
             row.exposed_comm_ms = over_repeats(runs, [&](int k, const Run&) -> std::optional<double> {
               auto e = exposed_s(k);

@@ -37,6 +37,10 @@ struct Row {
   Stat forward_ms, backward_ms, optimizer_ms;          // rank 0's phases
   int tp_size = 0;           // tensor parallelism: ranks per TP group (0: none)
   Stat tp_comm_ms, tp_comm_MB, tp_collectives;         // its TP group's collectives per step, rank 0: time blocked, bytes, count
+  std::string pp_schedule;   // pipeline parallelism: its schedule ("" none)
+  int pp_microbatches = 0, pp_stages_per_rank = 0;
+  double pp_bubble_theory = -1;  // (P - 1) / (v m + P - 1)
+  std::vector<Stat> pp_bubble, pp_activation_MB;  // by rank: share of the step blocked, activations held (Note [Pipeline measurements])
   Stat sync_busbw_GBps;      // the gradient's all-reduce in DDP's buckets: bytes/t * 2(n-1)/n
   Stat compute_ms, other_ms; // step breakdown: one device's step, and what is neither it nor exposed comm
   Stat mem_primary_MB;       // peak memory of device 0 (DataParallel's primary replica; rank 0)

@@ -109,7 +109,7 @@ int run_frontier(const bench::BenchConfig& config, const Flags& flags) {
 int run_bench(bench::BenchConfig config, const Flags& flags) {
   if (!flags.memory_budget.empty()) return run_frontier(config, flags);
   config.models = bench::parse_list("--models", flags.models, {"small", "medium", "large"});
-  config.strategies = bench::parse_list("--strategies", flags.strategies, bench::user_strategies());
+  config.strategies = bench::parse_strategies(flags.strategies);
   config.worlds = bench::parse_worlds(flags.nproc);
   config.backends = bench::parse_backends(flags.backends, config.device, bench::mpi_backend_built());
   bench::check_sweep_sizes(config.sweep_min_bytes, config.sweep_max_bytes);
@@ -288,7 +288,11 @@ Command add_bench_command(CLI::App& app, int argc, char** argv) {
   for (int i = 0; i < argc; ++i) flags->argv.push_back(argv[i]);
   sub->add_option("--models", flags->models, "small (MLP), medium (ResNet-18-class CNN), large (GPT-style decoder)")
       ->capture_default_str();
-  sub->add_option("--strategies", flags->strategies, "Any of " + bench::join(bench::user_strategies(), ", "))
+  std::string groups;
+  for (const auto& [group, members] : bench::strategy_groups()) {
+    groups += "; " + group + " for " + bench::join(members, ", ");
+  }
+  sub->add_option("--strategies", flags->strategies, "Any of " + bench::join(bench::user_strategies(), ", ") + groups)
       ->capture_default_str();
   sub->add_option("--nproc", flags->nproc, "World sizes (devices) to measure, e.g. 1,2,4")->capture_default_str();
   sub->add_option("--precision", config->precision, "fp32, bf16 or fp16 (autocast)")
@@ -324,6 +328,9 @@ Command add_bench_command(CLI::App& app, int argc, char** argv) {
   sub->add_option("--sweep-min-bytes", config->sweep_min_bytes, "Smallest all-reduce of the sweep (x4 up to the largest)")
       ->capture_default_str();
   sub->add_option("--sweep-max-bytes", config->sweep_max_bytes, "Largest all-reduce of the sweep")->capture_default_str();
+  sub->add_option("--microbatches", config->microbatches,
+                  "Microbatches per step of the pipeline strategies (pp-*; default: twice the ranks)")
+      ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--out", flags->out, "Folder for results.json, results.md, the plots and the logs")
       ->capture_default_str();
   sub->add_option("--timeout", flags->timeout_s, "Seconds before a measurement is stopped and reported")

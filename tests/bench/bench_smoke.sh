@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# bench_smoke.sh TANDEM PYTHON [strategies|backends|tp]: `tandem bench` end to end with the tiny
+# bench_smoke.sh TANDEM PYTHON [strategies|backends|tp|pp]: `tandem bench` end to end with the tiny
 # presets and two steps. `strategies` (the default): the report files appear, results.md holds a
 # row for every configured (model, strategy, world) and for each PyTorch peer, `tandem report`
 # re-renders the same table from results.json, and `tandem report A B` compares a run with
 # itself at 1.00. `backends`: --backends gloo,mpi gives both rows, the sweep and the "Gloo vs MPI"
 # table. `tp`: the README's tensor-parallel comparison (tp and fsdp+tp beside ddp and PyTorch's
 # parallelize_module) gives their rows, the TP collectives' table with counts and bytes, the
-# recommendation's account of TP, and tp at 4 (2 heads) as not measured. Three ctest tests, so
-# that they run side by side. Figures are never judged: no speed threshold here.
+# recommendation's account of TP, and tp at 4 (2 heads) as not measured. `pp`: `--strategies pp`
+# (every pipeline schedule beside torch.distributed.pipelining's) at 2 and 3 ranks gives the
+# pipeline table (each rank's bubble beside the theory's, the activations each held), 1F1B's
+# activations against GPipe's, the recommendation's account of the bubble, and interleaved at 3
+# (6 stages of 3 blocks) as not measured. Four ctest tests, so that they run side by side. Figures are never judged: no speed threshold here.
 set -euo pipefail
 tandem="$1"; python="$2"; part="${3:-strategies}"
-[[ $part == strategies || $part == backends || $part == tp ]] ||
-  { echo "usage: bench_smoke.sh TANDEM PYTHON [strategies|backends|tp]" >&2; exit 2; }
+[[ $part == strategies || $part == backends || $part == tp || $part == pp ]] ||
+  { echo "usage: bench_smoke.sh TANDEM PYTHON [strategies|backends|tp|pp]" >&2; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/../support/logs.sh"
 scratch_dir out  # on failure, every measurement's log is printed before the folder goes
 
@@ -102,6 +105,22 @@ if [[ $part == tp ]]; then
     grep -qE "$row" "$md" || { cat "$md"; echo "FAIL: tandem bench --strategies ...,tp,fsdp+tp: no line matching $row"; exit 1; }
   done
   echo "bench_smoke: tp ok"
+fi
+if [[ $part == pp ]]; then
+  "$tandem" bench --models large --strategies pp --nproc 2,3 --scale tiny --steps 2 --warmup 1 --min-seconds 0.02 \
+    --repeats 1 --python "$python" --peers on --out "$out/pp" | tee "$out/pp.log"
+  md="$out/pp/results.md"
+  for row in '^\| large \| Tandem PP GPipe \| 2 \| 4 \| [0-9.]+ \| 20 % \| [0-9]+ % / [0-9]+ % \| [0-9.]+ / [0-9.]+ \|$' \
+             '^\| large \| Tandem PP 1F1B \| 3 \| 6 \| [0-9.]+ \| 25 % \| [0-9]+ % / [0-9]+ % / [0-9]+ % \| [0-9.]+ / [0-9.]+ / [0-9.]+ \|$' \
+             '^\| large \| Tandem PP interleaved 1F1B \| 2 \| 4 \(2 stages per rank\) \| [0-9.]+ \| 11 % \|' \
+             '^\| large \| PyTorch PP interleaved 1F1B \| 2 \| 4 \(2 stages per rank\) \| [0-9.]+ \| 11 % \| [0-9]+ % / [0-9]+ % \| – / – \|$' \
+             '^\| large \| PyTorch PP GPipe \| 3 \| 6 \| [0-9.]+ \| 25 % \|' \
+             '^- large, Tandem PP 1F1B at 2 devices, 4 microbatches: activations held on stage 0 [0-9.]+ MiB against GPipe.s [0-9.]+ \([0-9]+ %\), on stage 1' \
+             'pp-1f1b [0-9.]+x( one device)? \(pipeline of [23], [46] microbatches: up to [0-9]+ % of a step blocked on its neighbours, 2[05] % in theory\)' \
+             '^- tandem pp-interleaved \(3 devices\): pp-interleaved: the tiny GPT.s 3 blocks cannot fill 6 pipeline stages'; do
+    grep -qE "$row" "$md" || { cat "$md"; echo "FAIL: tandem bench --strategies pp: no line matching $row"; exit 1; }
+  done
+  echo "bench_smoke: pp ok"
 fi
 if [[ $part == strategies ]]; then
   echo "bench_smoke: ok ($(grep -cE '^\| [^|]* \| (Tandem|PyTorch|HF)' "$out/run/results.md") rows)"

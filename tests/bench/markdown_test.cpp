@@ -223,6 +223,25 @@ TEST(Markdown, TensorParallelCollectivesBesideDdp) {
   EXPECT_FALSE(has(render_markdown(plain, analyze(plain)), "### Tensor parallelism"));
 }
 
+// The pipeline's table: each rank's bubble beside the theory's and its activations; then 1F1B
+// against GPipe stage by stage (PyTorch's, without activations measured, has no such line).
+TEST(Markdown, PipelineBubbleAndActivationsPerStage) {
+  const auto results = test::with_pipeline();
+  const auto md = render_markdown(results, analyze(results));
+  EXPECT_TRUE(has(md, "### Pipeline: bubble and activation memory per stage (medians)")) << md;
+  // Steps 300 and 375 ms (repeat 1 is 25 % slower).
+  EXPECT_TRUE(has(md, "| small | Tandem PP GPipe | 2 | 4 | 337.5 | 20 % | 35 % / 25 % | 4.00 / 2.00 |")) << md;
+  EXPECT_TRUE(has(md, "| small | Tandem PP 1F1B | 2 | 4 | 360.0 | 20 % | 35 % / 25 % | 2.00 / 0.50 |")) << md;
+  EXPECT_TRUE(has(md, "| small | PyTorch PP 1F1B | 2 | 4 | 371.2 | 20 % | 35 % / 25 % | – / – |")) << md;
+  EXPECT_TRUE(has(md, "- small, Tandem PP 1F1B at 2 devices, 4 microbatches: activations held on stage 0 2.00 MiB "
+                      "against GPipe's 4.00 (50 %), on stage 1 0.50 MiB against 2.00 (25 %).")) << md;
+  EXPECT_FALSE(has(md, "- small, PyTorch PP 1F1B")) << md;
+  const auto back = results_from_json(to_json(results), "pp");
+  EXPECT_EQ(render_markdown(back, analyze(back)), md);
+  const auto plain = test::fixture();
+  EXPECT_FALSE(has(render_markdown(plain, analyze(plain)), "### Pipeline"));
+}
+
 TEST(Markdown, ComparisonOfTwoRuns) {
   const auto a = test::fixture();
   auto b = a;

@@ -186,6 +186,11 @@ TEST(Plan, FlagValuesAreChecked) {
   EXPECT_EQ(message_of([] { parse_list("--models", "small,huge", {"small", "medium", "large"}); }),
             "--models: unknown value 'huge' (expected a comma-separated list of small, medium, large)");
   EXPECT_NE(message_of([] { parse_list("--models", "", {"small"}); }).find("--models is empty"), std::string::npos);
+  // A group name stands for its members, in the table's order, once each.
+  EXPECT_EQ(parse_strategies("ddp,pp,pp-1f1b"), (std::vector<std::string>{"ddp", "pp-gpipe", "pp-1f1b", "pp-interleaved"}));
+  EXPECT_NE(message_of([] { parse_strategies("ddp,pipeline"); }).find("unknown value 'pipeline' (expected"),
+            std::string::npos);
+  EXPECT_NE(message_of([] { parse_strategies("ddp,pipeline"); }).find(", pp)"), std::string::npos);
   for (const char* bad : {"0", "two", "2,", "1.5", "-1", "2000"}) {
     EXPECT_NE(message_of([&] { parse_worlds(bad); }).find("--nproc"), std::string::npos) << bad;
   }

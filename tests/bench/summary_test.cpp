@@ -230,5 +230,34 @@ TEST(Recommend, TensorParallelismThatIsFastestIsRecommended) {
   EXPECT_NE(recs[0].why.find("tensor parallelism pays here"), std::string::npos) << recs[0].why;
 }
 
+TEST(Summary, PipelineBubbleAndActivationsByRank) {
+  const auto rows = summarize(RunIndex(test::with_pipeline()));
+  const Row& gpipe = row(rows, "tandem", "pp-gpipe", 2);
+  EXPECT_EQ(gpipe.pp_schedule, "gpipe");
+  EXPECT_EQ(gpipe.pp_microbatches, 4);
+  EXPECT_DOUBLE_EQ(gpipe.pp_bubble_theory, 0.2);
+  ASSERT_EQ(gpipe.pp_bubble.size(), 2u);
+  EXPECT_DOUBLE_EQ(gpipe.pp_bubble[0].median, 0.35);
+  EXPECT_DOUBLE_EQ(gpipe.pp_bubble[1].median, 0.25);
+  ASSERT_EQ(gpipe.pp_activation_MB.size(), 2u);
+  EXPECT_DOUBLE_EQ(gpipe.pp_activation_MB[0].median, 4);
+  EXPECT_DOUBLE_EQ(row(rows, "tandem", "pp-1f1b", 2).pp_activation_MB[1].median, 0.5);
+  const Row& peer = row(rows, "pytorch", "pp-1f1b", 2);
+  ASSERT_EQ(peer.pp_activation_MB.size(), 2u);
+  EXPECT_TRUE(peer.pp_activation_MB[0].empty());  // not measured (-1): no figure, not a zero
+  EXPECT_EQ(row(rows, "tandem", "ddp", 2).pp_bubble.size(), 0u);
+  // One batch per pipeline: 10 samples per device x 2 a step of 300 ms (repeat 0) or 375 ms.
+  EXPECT_NEAR(gpipe.samples_per_s.median, (20 / 0.3 + 20 / 0.375) / 2, 1e-9);
+}
+
+TEST(Recommend, APipelineSaysItsBubble) {
+  const auto recs = recommend(summarize(RunIndex(test::with_pipeline())), {"small"});
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_NE(recs[0].why.find("pp-gpipe 0.42x (pipeline of 2, 4 microbatches: up to 35 % of a step blocked on its "
+                             "neighbours, 20 % in theory)"),
+            std::string::npos)
+      << recs[0].why;
+}
+
 }  // namespace
 }  // namespace tandem::bench

@@ -85,6 +85,15 @@ for impl in tandem pytorch; do
   run "$impl" 4 large fsdp+tp
 done
 run tandem 2 large tp --precision bf16
+# Pipelines cut the GPT alone: each schedule at 2 ranks (interleaved: 4 stages of the tiny GPT's 3
+# blocks and its head), 1F1B under bf16, GPipe with 3 (uneven) microbatches; 3 cannot
+# interleave over 2 ranks (unsupported).
+for impl in tandem pytorch; do
+  for schedule in gpipe 1f1b interleaved; do run "$impl" 2 large "pp-$schedule"; done
+  run "$impl" 2 large pp-interleaved --microbatches 3
+done
+run tandem 2 large pp-1f1b --precision bf16
+run tandem 2 large pp-gpipe --microbatches 3
 # --min-seconds: the ranks agree on more steps than --steps when those would take less time. Three
 # warm-up steps: the count comes from the last one, past DDP's first-iteration work.
 for impl in tandem pytorch; do
@@ -116,7 +125,7 @@ HEAD = ["record", "impl", "model", "scale", "strategy", "device", "precision", "
 FIELDS = HEAD + ["batch_per_device", "steps", "warmup", "threads", "params", "grad_bytes", "buckets", "p50_s",
                  "p95_s", "rank_p50_s", "forward_p50_s", "backward_p50_s", "optimizer_p50_s", "peak_mem_bytes",
                  "mem_kind", "rank_faults_per_step", "host_allocator", "versions"]
-errors, counts = [], {}
+errors, counts, held = [], {}, {}
 table = {e["name"]: e for e in map(json.loads, open(os.path.join(d, "strategies.jsonl")))}
 
 
@@ -157,6 +166,19 @@ def model_state_ok(r, strategy, precision, ranks, impl):
 
 
 
+PP_FIELDS = ("pp_schedule", "pp_microbatches", "pp_stages_per_rank", "rank_pp_bubble", "pp_bubble_theory",
+             "rank_pp_activation_bytes")
+
+
+def pipeline_ok(r, entry, nproc, m, impl):
+    v = 2 if entry["pp_schedule"] == "interleaved" else 1
+    return (r["pp_schedule"] == entry["pp_schedule"] and r["pp_microbatches"] == m and r["pp_stages_per_rank"] == v
+            and abs(r["pp_bubble_theory"] - (nproc - 1) / (v * m + nproc - 1)) < 1e-12
+            and len(r["rank_pp_bubble"]) == nproc and all(0 <= b < 1 for b in r["rank_pp_bubble"])
+            and len(r["rank_pp_activation_bytes"]) == nproc
+            and all((b > 0) if impl == "tandem" else (b == -1) for b in r["rank_pp_activation_bytes"]))
+
+
 def tp_group(entry, nproc):
     return nproc if entry["tp_size"] == -1 else max(entry["tp_size"], 1)
 
@@ -169,6 +191,8 @@ def expect_unsupported(impl, nproc, strategy, flags, model):
     if entry["models"] and model not in entry["models"]:
         return True
     if entry["tp_size"] > 0 and (nproc % entry["tp_size"] or nproc // entry["tp_size"] < 2):
+        return True
+    if entry["pp_schedule"] and (nproc < 2 or (entry["pp_schedule"] == "interleaved" and "--microbatches 3" in flags)):
         return True
     if not entry[impl]:  # the table's "tandem" / "pytorch": which worker measures it
         return True
@@ -234,8 +258,10 @@ for line in open(os.path.join(d, "plan.tsv")):
         "0 < p50_s <= p95_s": 0 < r["p50_s"] <= r["p95_s"],
         "rank_p50_s: one positive per rank, rank 0's first": len(r["rank_p50_s"]) == ranks and
             all(t > 0 for t in r["rank_p50_s"]) and r["rank_p50_s"][0] == r["p50_s"],
-        "phases positive (0 for allreduce/sweep)": all(
-            (r[k] == 0) if raw else (r[k] > 0) for k in ("forward_p50_s", "backward_p50_s", "optimizer_p50_s")),
+        # A pipeline's forwards and backwards interleave in its schedule: no phase of their own.
+        "phases positive (0 for allreduce/sweep, forward and backward 0 for pipelines)": all(
+            (r[k] == 0) if raw or (entry["pp_schedule"] and k != "optimizer_p50_s") else (r[k] > 0)
+            for k in ("forward_p50_s", "backward_p50_s", "optimizer_p50_s")),
         "peak_mem_bytes: one positive int per device": len(r["peak_mem_bytes"]) == world and
             all(isinstance(b, int) and b > 0 for b in r["peak_mem_bytes"]),
         "mem_kind (the table's memory)": r["mem_kind"] == entry["memory"],
@@ -253,6 +279,13 @@ for line in open(os.path.join(d, "plan.tsv")):
                 for k in ("tp_size", "tp_comm_p50_s", "tp_comm_bytes", "tp_collectives")) and
             ("tp_size" not in r or (r["tp_size"] == tp_group(entry, nproc) and 0 <= r["tp_comm_p50_s"] <= r["p50_s"]
                                     and (r["tp_size"] == 1 or (r["tp_collectives"] > 0 and r["tp_comm_bytes"] > 0)))),
+        # Pipelines: the schedule, m (--microbatches or twice the ranks), the theory's bubble, each
+        # rank's share of a step blocked in [0, 1), and the activations it held: Tandem's counted,
+        # PyTorch's not on CPU (-1).
+        "pp_* fields exactly for the pipeline entries, consistent": all(
+            (k in r) == bool(entry["pp_schedule"]) for k in PP_FIELDS) and (not entry["pp_schedule"] or pipeline_ok(
+                r, entry, nproc, int(flags.split("--microbatches ")[1].split()[0]) if "--microbatches" in flags else 2 * nproc,
+                impl)),
         "versions.torch": isinstance(r["versions"], dict) and r["versions"].get("torch"),
         "versions.accelerate on the peer's accelerate": (impl != "pytorch" or strategy != "accelerate") or
             bool(r["versions"].get("accelerate")),
@@ -271,6 +304,14 @@ for line in open(os.path.join(d, "plan.tsv")):
             errors.append(f"{what}: {name}: {lines[0][:400]}")
     if not sweep:
         counts.setdefault(model, {}).setdefault((r["params"], r["grad_bytes"]), set()).add(impl)
+    if impl == "tandem" and entry["pp_schedule"] and precision == "fp32":
+        held[(entry["pp_schedule"], r["pp_microbatches"])] = r["rank_pp_activation_bytes"]
+
+# GPipe holds every microbatch's activations on stage 0 until its backwards begin, 1F1B at most P
+# of them: at 2 ranks and 4 microbatches, fewer bytes (counted by the allocator, not timed).
+gpipe, one_f_one_b = held.get(("gpipe", 4)), held.get(("1f1b", 4))
+if not gpipe or not one_f_one_b or not one_f_one_b[0] < gpipe[0]:
+    errors.append(f"stage 0's activations: 1F1B {one_f_one_b} not below GPipe's {gpipe} at 4 microbatches")
 
 # The oracle: both definitions of each model have the same parameters.
 for model in ("small", "medium", "large"):
