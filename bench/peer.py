@@ -8,9 +8,10 @@ MASTER_ADDR, MASTER_PORT; Gloo on CPU, NCCL on CUDA. Strategies: single (plain l
 (torch DDP), ddp-no-sync (DDP under no_sync()), zero1 (ZeroRedundancyOptimizer), fsdp (FSDP2's
 fully_shard), tp and fsdp+tp (parallelize_module with the worker's plan and loss_parallel, FSDP2
 across the TP pairs), pp-gpipe, pp-1f1b, pp-interleaved (torch.distributed.pipelining: the GPT cut
-into the worker's stages, ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B), accelerate (accelerate.Accelerator), dp (torch.nn.DataParallel over
---replicas CUDA devices). dp-replicate, dp-persistent, zero2, allreduce and sweep are Tandem's alone: they give the "unsupported" record, as does any combination that
-cannot run here. Rank 0 appends one JSON line to --out (or prints it); every rank exits 0.
+into the worker's stages, ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B), accelerate
+(accelerate.Accelerator), dp (torch.nn.DataParallel over --replicas CUDA devices).
+dp-replicate, dp-persistent, zero2, allreduce and sweep are Tandem's alone: they give the
+"unsupported" record, as does any combination that cannot run here. Rank 0 appends one JSON line to --out (or prints it); every rank exits 0.
 Bad flags: one line on stderr, exit 2. --list-strategies prints STRATEGIES as JSON.
 """
 import argparse

@@ -14,12 +14,13 @@
 // (DDP with ZeRO-1 or ZeRO-2 over the same SGD), fsdp (FullyShardedDataParallel), tp and fsdp+tp
 // (tensor parallelism on the GPT over every rank, or over pairs with FSDP across them: Note [TP
 // traffic]), pp-gpipe, pp-1f1b, pp-interleaved (one pipeline of the GPT over every rank, M
-// microbatches, 2 x ranks by default: Note [Pipeline measurements]), accelerate-zero1/2 (the Accelerator's zero_stage), accelerate
-// (tandem::Accelerator, strategy Ddp), dp-replicate / dp-persistent (tandem::dp::DataParallel
-// over R replicas in one process), allreduce (the model's gradient bytes all-reduced through the
-// process group, in DDP's bucket layout and flat), sweep (all_reduce of float32 buffers from
-// --sweep-min-bytes, 4 KiB by default, x4 apart up to --sweep-max-bytes, 64 MiB by default; by
-// hand, --sweep-collective times ZeRO's reduce-scatter or all-gather of such a buffer instead).
+// microbatches, 2 x ranks by default: Note [Pipeline measurements]), accelerate-zero1/2 (the
+// Accelerator's zero_stage), accelerate (tandem::Accelerator, strategy Ddp), dp-replicate /
+// dp-persistent (tandem::dp::DataParallel over R replicas in one process), allreduce (the model's
+// gradient bytes all-reduced through the process group, in DDP's bucket layout and flat), sweep
+// (all_reduce of float32 buffers from --sweep-min-bytes, 4 KiB by default, x4 apart up to
+// --sweep-max-bytes, 64 MiB by default; by hand, --sweep-collective times ZeRO's reduce-scatter
+// or all-gather of such a buffer instead).
 // `dp` (torch.nn.DataParallel) is the peer's alone. The values and what each is (one process or
 // ranks, precisions, memory counting) come from the strategy table, src/bench/strategies.h;
 // --list-strategies prints it. The CPU collectives run on the backend
@@ -96,6 +97,8 @@ struct Options {
   int microbatches = 0;  // pp-*: per step (0: twice the ranks)
 
   bool cuda() const { return device == "cuda"; }
+  /// pp-*: a step's microbatches at `ranks` ranks.
+  int microbatches_at(int ranks) const { return microbatches > 0 ? microbatches : 2 * ranks; }
   const bench::Strategy& entry() const { return bench::lookup_strategy(strategy); }
   /// One process driving --replicas devices (DataParallel).
   bool dp() const { return entry().launch == bench::Launch::Replicas; }
@@ -363,7 +366,7 @@ void measure_pipeline(const Options& o, const comm::World& world, const std::sha
                       bench::Gpt& net, const at::Tensor& x, const at::Tensor& y, Loop& loop, Result& r) {
   const bench::Strategy& entry = o.entry();
   const int P = world.world_size, stages = P * bench::pipeline_stages_per_rank(entry);
-  const int m = o.microbatches > 0 ? o.microbatches : 2 * P;
+  const int m = o.microbatches_at(P);
   std::vector<bench::GptStage> modules;
   std::vector<std::unique_ptr<pp::Stage>> owned;
   std::vector<pp::Stage*> mine;
@@ -706,7 +709,7 @@ std::optional<std::string> unsupported(const Options& o, const comm::World& worl
     }
   }
   if (const int v = bench::pipeline_stages_per_rank(entry); v > 0) {  // Note [Pipeline measurements]
-    const int P = world.world_size, m = o.microbatches > 0 ? o.microbatches : 2 * P;
+    const int P = world.world_size, m = o.microbatches_at(P);
     if (auto why = bench::gpt_pipeline_refusal(o.scale, int64_t{P} * v); !why.empty()) return o.strategy + ": " + why;
     if (m < P || (v > 1 && m % P != 0) || o.batch * P < m) {
       return o.strategy + " at " + std::to_string(P) + " ranks cannot run " + std::to_string(m) +
@@ -866,7 +869,7 @@ int main(int argc, char** argv) {
         record["exposed_reduce_scatter_p50_s"] = percentile(r.exposed_reduce_scatter, 0.5);
       }
       if (const int v = bench::pipeline_stages_per_rank(o.entry()); v > 0) {  // Note [Pipeline measurements]
-        const int P = world.world_size, m = o.microbatches > 0 ? o.microbatches : 2 * P;
+        const int P = world.world_size, m = o.microbatches_at(P);
         Json bubble = Json::array(), held = Json::array();
         for (const auto& t : all) {
           bubble.push_back(t[8].item<double>());
