@@ -20,6 +20,7 @@
 #include "dp/replica_threads.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/comm/process_group.h"
+#include "common/cpu_memory_tracker.h"
 #include "common/ready_hook.h"
 #include "common/record_stream.h"
 #include "tandem/error.h"
@@ -238,7 +239,7 @@ DpCore::DpCore(std::shared_ptr<torch::nn::Module> primary, DataParallelOptions o
 
   const auto& devices = *options_.devices();
   primary_->to(devices.front());
-  if (options_.track_cpu_memory()) memory_ = std::make_unique<MemoryTracker>(devices.size());
+  if (options_.track_cpu_memory()) memory_ = std::make_unique<CpuMemoryTracker>(devices.size());
   replicas_ = {primary_};
   if (options_.mode() == Mode::Persistent) {
     for (size_t k = 1; k < devices.size(); ++k) replicas_.push_back(make_replica(devices[k]));
@@ -365,7 +366,7 @@ at::Tensor DpCore::forward(const at::Tensor& input) {
   // The chunks' copies, on this thread too, each charged to its replica.
   std::vector<at::Tensor> replica_inputs(used);
   for (size_t k = 0; k < used; ++k) {
-    std::optional<MemoryTracker::Scope> attribute;
+    std::optional<CpuMemoryTracker::Scope> attribute;
     if (memory_) attribute.emplace(*memory_, k);
     try {
       replica_inputs[k] = chunks[k].to(devices[k]);
@@ -392,7 +393,7 @@ at::Tensor DpCore::forward(const at::Tensor& input) {
       // The replica's device current, and on it the caller's current stream.
       c10::OptionalDeviceGuard device_guard(devices[k].is_cuda() ? std::optional<c10::Device>(devices[k]) : std::nullopt);
       c10::OptionalStreamGuard stream_guard(streams.of(devices[k]));
-      std::optional<MemoryTracker::Scope> attribute;
+      std::optional<CpuMemoryTracker::Scope> attribute;
       if (memory_) attribute.emplace(*memory_, k);
       if (devices[k].is_cpu()) set_intra_op_threads(share);
       outputs[k] = forward_(*replicas[k], replica_inputs[k]);
@@ -410,7 +411,7 @@ at::Tensor DpCore::forward(const at::Tensor& input) {
       throw Error("DataParallel: replica " + std::to_string(k) + " on " + devices[k].str() + " failed: " + errors[k]);
     }
   }
-  std::optional<MemoryTracker::Scope> attribute;
+  std::optional<CpuMemoryTracker::Scope> attribute;
   if (memory_) attribute.emplace(*memory_, 0);
   std::vector<at::Tensor> gathered;
   gathered.reserve(used);

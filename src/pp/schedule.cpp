@@ -9,7 +9,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "tandem/dp/memory.h"
+#include "common/cpu_memory_tracker.h"
 #include "tandem/error.h"
 
 namespace tandem::pp {
@@ -45,7 +45,7 @@ namespace tandem::pp {
 // A step measures its wall time and the time this process is blocked on a neighbour (in its
 // receives, and waiting for its sends at the end): the bubble as this process saw it, which an
 // ideal pipeline of P equal stages puts at (P - 1) / (m + P - 1) of the step. With track_memory,
-// allocations on the CPU by this thread during the step are counted (dp::MemoryTracker's
+// allocations on the CPU by this thread during the step are counted (CpuMemoryTracker's
 // allocator): the peak above what was alive at the start is what the step's activations and
 // backward's transients took at once; on the first step it also holds the gradients' first
 // allocation. CUDA allocations are not counted (the caching allocator keeps its own peak).
@@ -124,7 +124,7 @@ Schedule::Schedule(std::vector<Stage*> stages, int microbatches, LossFn loss, Sc
                " processes: a pipeline needs at least as many microbatches as processes to fill");
   TANDEM_CHECK(options_.reduction() == at::Reduction::Mean || options_.reduction() == at::Reduction::Sum,
                "pp: the loss's reduction must be Mean or Sum");
-  if (options_.track_memory()) memory_ = std::make_unique<dp::MemoryTracker>(1);
+  if (options_.track_memory()) memory_ = std::make_unique<CpuMemoryTracker>(1);
 }
 
 Schedule::~Schedule() = default;
@@ -186,7 +186,7 @@ std::vector<at::Tensor> Schedule::step(const at::Tensor& inputs, const at::Tenso
   for (auto* kept : {&state.in, &state.out, &state.scaled}) {
     kept->assign(stages_.size(), std::vector<at::Tensor>(static_cast<size_t>(m)));
   }
-  std::optional<dp::MemoryTracker::Scope> counting;
+  std::optional<CpuMemoryTracker::Scope> counting;
   int64_t alive_before = 0;
   if (memory_) {
     counting.emplace(*memory_, 0);

@@ -31,7 +31,7 @@
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/comm/device_mesh.h"
 #include "tandem/ddp/distributed_data_parallel.h"
-#include "tandem/dp/memory.h"
+#include "common/cpu_memory_tracker.h"
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/pp/schedule.h"
 #include "tandem/pp/stage.h"
@@ -286,8 +286,8 @@ TEST(Pipeline, StepMeasuresItsTimeAndTheActivationsItHeld) {
   int64_t one = 0;  // A
   {
     torch::nn::Sequential part = stage_part(whole, R());
-    tandem::dp::MemoryTracker tracker(1);
-    tandem::dp::MemoryTracker::Scope counting(tracker, 0);
+    tandem::CpuMemoryTracker tracker(1);
+    tandem::CpuMemoryTracker::Scope counting(tracker, 0);
     at::Tensor input = x;
     if (R() > 0) input = input.clone().requires_grad_(true);  // received: a buffer of its own
     at::Tensor output = part->forward(input);

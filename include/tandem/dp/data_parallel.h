@@ -40,6 +40,10 @@ namespace torch::autograd {
 struct Node;
 }
 
+namespace tandem {
+class CpuMemoryTracker;
+}
+
 namespace tandem::dp {
 namespace detail {
 
@@ -77,7 +81,7 @@ class DpCore {
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
   std::atomic<bool> reduction_armed_{false};
   std::atomic<bool> reduction_queued_{false};
-  std::unique_ptr<MemoryTracker> memory_;  // only with track_cpu_memory
+  std::unique_ptr<CpuMemoryTracker> memory_;  // only with track_cpu_memory
   size_t last_used_ = 0;  // replicas that took part in the last forward
 };
 

@@ -8,8 +8,8 @@
 //   optimizer over the primary's parameters (momentum buffers, moments), when one is passed.
 // - activations, on CPU: the peak of bytes allocated through LibTorch's CPU allocator by the
 //   replica's own thread during its forward and still alive (saved activations and its output;
-//   a tracking allocator attributes each allocation to the replica whose thread made it; the
-//   gather's output is charged to the primary). total() is the sum of the four figures.
+//   a CpuMemoryTracker, src/common/cpu_memory_tracker.h, attributes each allocation to the
+//   replica whose thread made it; the gather's output is charged to the primary). total() is the sum of the four figures.
 // - on CUDA, the one measurement is the caching allocator's peak of allocated bytes on the
 //   device (device_peak_bytes), and it already holds everything on that device: parameters,
 //   gradients, optimizer state, activations, the gathered output, the loss, and whatever else
@@ -61,33 +61,6 @@ struct MemoryReport {
   void add_optimizer(const torch::optim::Optimizer& optimizer);
   /// "replica 0 (cpu): parameters 1.0 MB, gradients 1.0 MB, ..." one line per replica.
   std::string describe() const;
-};
-
-/// Attributes CPU allocations to replicas by thread (see the Note). One per DataParallel.
-class MemoryTracker {
- public:
-  explicit MemoryTracker(size_t replicas);
-  ~MemoryTracker();
-  /// While alive, allocations made by this thread count for `replica`.
-  class Scope {
-   public:
-    Scope(MemoryTracker& tracker, size_t replica);
-    ~Scope();
-
-   private:
-    void* previous_;
-    size_t previous_slot_;
-  };
-  int64_t peak(size_t replica) const;
-  /// Bytes allocated under this tracker's scopes for `replica` and not yet freed.
-  int64_t live(size_t replica) const;
-  void reset_peaks();
-  void ensure(size_t replicas);
-
-  struct Counters;  // internal
-
- private:
-  std::shared_ptr<Counters> counters_;
 };
 
 /// Bytes of optimizer state tensors (0 for unknown optimizer types).

@@ -36,8 +36,8 @@
 
 #include "tandem/pp/stage.h"
 
-namespace tandem::dp {
-class MemoryTracker;
+namespace tandem {
+class CpuMemoryTracker;
 }
 
 namespace tandem::pp {
@@ -129,7 +129,7 @@ class Schedule {
   LossFn loss_;
   ScheduleOptions options_;
   StepMeasurement measured_;
-  std::unique_ptr<dp::MemoryTracker> memory_;  // with track_memory
+  std::unique_ptr<CpuMemoryTracker> memory_;  // with track_memory
   Stage& stage(int index) const;
   bool holds(int index) const;
   /// The input of forward `a`: stage 0's microbatch, or what the previous stage handed over in
