@@ -258,6 +258,12 @@ std::optional<at::ScalarType> autocast_dtype(const Options& o) {
 
 c10::DeviceType device_type(const Options& o) { return o.cuda() ? c10::DeviceType::CUDA : c10::DeviceType::CPU; }
 
+/// Autocast to --precision's dtype while the result lives (nothing for fp32).
+std::optional<amp::AutocastScope> autocast_scope(const Options& o) {
+  if (auto dtype = autocast_dtype(o)) return std::optional<amp::AutocastScope>(std::in_place, device_type(o), *dtype);
+  return std::nullopt;
+}
+
 torch::optim::SGD make_sgd(std::vector<at::Tensor> params) {
   return torch::optim::SGD(std::move(params), torch::optim::SGDOptions(0.01).momentum(0.9));
 }
@@ -294,8 +300,7 @@ void plain_step(const Options& o, Loop& loop, Stepper opt, amp::GradScaler* scal
   opt.zero_grad();
   at::Tensor loss;
   loop.phase(loop.forward, [&] {
-    std::optional<amp::AutocastScope> autocast;
-    if (auto dtype = autocast_dtype(o)) autocast.emplace(device_type(o), *dtype);
+    const auto autocast = autocast_scope(o);
     loss = loss_of(forward(), y);
   });
   loop.phase(loop.backward, [&] {
@@ -376,8 +381,7 @@ void measure_pipeline(const Options& o, const comm::World& world, const std::sha
     // Under bf16 each forward (and loss) autocasts; the backwards, which the schedule runs in the
     // same step, do not (as plain_step's).
     auto forward = [&o, stage = modules.back().ptr()](const at::Tensor& in) {
-      std::optional<amp::AutocastScope> autocast;
-      if (auto dtype = autocast_dtype(o)) autocast.emplace(device_type(o), *dtype);
+      const auto autocast = autocast_scope(o);
       return stage->forward(in);
     };
     owned.push_back(std::make_unique<pp::Stage>(modules.back().ptr(), forward, s, stages, pg));
@@ -387,8 +391,7 @@ void measure_pipeline(const Options& o, const comm::World& world, const std::sha
   auto make_schedule = [&](bool track_memory) -> std::unique_ptr<pp::Schedule> {
     const auto options = pp::ScheduleOptions().track_memory(track_memory);
     const pp::LossFn loss = [&o](const at::Tensor& output, const at::Tensor& target) {
-      std::optional<amp::AutocastScope> autocast;
-      if (auto dtype = autocast_dtype(o)) autocast.emplace(device_type(o), *dtype);
+      const auto autocast = autocast_scope(o);
       return bench::loss_of(output, target);
     };
     if (entry.pp_schedule == "gpipe") return std::make_unique<pp::ScheduleGPipe>(*mine.front(), m, loss, options);
