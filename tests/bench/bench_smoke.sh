@@ -18,6 +18,15 @@ tandem="$1"; python="$2"; part="${3:-strategies}"
 source "$(dirname "${BASH_SOURCE[0]}")/../support/logs.sh"
 scratch_dir out  # on failure, every measurement's log is printed before the folder goes
 
+# require_lines MD WHAT PATTERN...: each extended regex matches a line of MD, or MD is printed and
+# the test fails naming WHAT and the pattern.
+require_lines() {
+  local md="$1" what="$2" row; shift 2
+  for row in "$@"; do
+    grep -qE "$row" "$md" || { cat "$md"; echo "FAIL: $what: no line matching $row"; exit 1; }
+  done
+}
+
 if [[ $part == strategies ]]; then
 models=(small large)  # medium (the CNN) is in bench.worker.records; all three took 88 s here
 strategies=(single dp-replicate dp-persistent ddp accelerate)
@@ -81,11 +90,9 @@ if [[ $part == backends ]] && command -v mpirun > /dev/null; then
        --peers off --backends gloo,mpi --sweep --sweep-min-bytes 65536 --sweep-max-bytes 262144 \
        --out "$out/mpi" > "$out/mpi.log" 2>&1; then
     md="$out/mpi/results.md"
-    for row in '\| Tandem ddp \(gloo\) \| 2 \| [0-9]' '\| Tandem ddp \(mpi\) \| 2 \| [0-9]' \
-               '\| small \| 2 \| ddp step \| [0-9]' "\\| small \\| 2 \\| gradient all-reduce \\(DDP's buckets\\) \\| [0-9]" \
-               '\| 64 KiB \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|' '\| 256 KiB \| [0-9.]+ \|'; do
-      grep -qE "$row" "$md" || { cat "$md"; echo "FAIL: --backends gloo,mpi: no row matching $row"; exit 1; }
-    done
+    require_lines "$md" "--backends gloo,mpi" '\| Tandem ddp \(gloo\) \| 2 \| [0-9]' '\| Tandem ddp \(mpi\) \| 2 \| [0-9]' \
+      '\| small \| 2 \| ddp step \| [0-9]' "\\| small \\| 2 \\| gradient all-reduce \\(DDP's buckets\\) \\| [0-9]" \
+      '\| 64 KiB \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|' '\| 256 KiB \| [0-9.]+ \|'
   elif grep -q "has no MPI backend" "$out/mpi.log"; then
     echo "bench_smoke: --backends mpi skipped: this build has no MPI backend"
   else
@@ -96,29 +103,29 @@ if [[ $part == tp ]]; then
   "$tandem" bench --models large --strategies single,ddp,fsdp,tp,fsdp+tp --nproc 2,4 --scale tiny --steps 2 --warmup 1 \
     --min-seconds 0.02 --repeats 1 --python "$python" --peers on --out "$out/tp" | tee "$out/tp.log"
   md="$out/tp/results.md"
-  for row in '\| Tandem TP \| 2 \| [0-9]' '\| Tandem FSDP\+TP \| 4 \| [0-9]' '\| PyTorch TP \| 2 \| [0-9]' \
-             '\| PyTorch FSDP2\+TP \| 4 \| [0-9]' \
-             '^\| large \| Tandem TP \| 2 \| 2 \| [0-9.]+ \| [1-9][0-9]* \| [0-9.]+ \| [0-9.]+ \| [0-9]+ % \|' \
-             '^\| large \| Tandem FSDP\+TP \| 4 \| 2 \| [0-9.]+ \| [1-9][0-9]* \|' \
-             '^- \*\*large: .*fsdp\+tp [0-9.]+x( one device)? \(TP group of 2: [0-9]+ % of its step blocked in [1-9][0-9]* TP collectives' \
-             '^- tandem tp \(4 devices\): tp cuts the GPT.s 2 heads and 128 classes over 4 ranks'; do
-    grep -qE "$row" "$md" || { cat "$md"; echo "FAIL: tandem bench --strategies ...,tp,fsdp+tp: no line matching $row"; exit 1; }
-  done
+  require_lines "$md" "tandem bench --strategies ...,tp,fsdp+tp" \
+    '\| Tandem TP \| 2 \| [0-9]' \
+    '\| Tandem FSDP\+TP \| 4 \| [0-9]' \
+    '\| PyTorch TP \| 2 \| [0-9]' \
+    '\| PyTorch FSDP2\+TP \| 4 \| [0-9]' \
+    '^\| large \| Tandem TP \| 2 \| 2 \| [0-9.]+ \| [1-9][0-9]* \| [0-9.]+ \| [0-9.]+ \| [0-9]+ % \|' \
+    '^\| large \| Tandem FSDP\+TP \| 4 \| 2 \| [0-9.]+ \| [1-9][0-9]* \|' \
+    '^- \*\*large: .*fsdp\+tp [0-9.]+x( one device)? \(TP group of 2: [0-9]+ % of its step blocked in [1-9][0-9]* TP collectives' \
+    '^- tandem tp \(4 devices\): tp cuts the GPT.s 2 heads and 128 classes over 4 ranks'
   echo "bench_smoke: tp ok"
 fi
 if [[ $part == pp ]]; then
   "$tandem" bench --models large --strategies pp --nproc 2,3 --scale tiny --steps 2 --warmup 1 --min-seconds 0.02 \
     --repeats 1 --python "$python" --peers on --out "$out/pp" | tee "$out/pp.log"
   md="$out/pp/results.md"
-  for row in '^\| large \| Tandem PP GPipe \| 2 \| 4 \| [0-9.]+ \| 20 % \| [0-9]+ % / [0-9]+ % \| [0-9.]+ / [0-9.]+ \|$' \
-             '^\| large \| Tandem PP 1F1B \| 3 \| 6 \| [0-9.]+ \| 25 % \| [0-9]+ % / [0-9]+ % / [0-9]+ % \| [0-9.]+ / [0-9.]+ / [0-9.]+ \|$' \
-             '^\| large \| Tandem PP interleaved 1F1B \| 2 \| 4 \(2 stages per rank\) \| [0-9.]+ \| 11 % \|' \
-             '^\| large \| PyTorch PP interleaved 1F1B \| 2 \| 4 \(2 stages per rank\) \| [0-9.]+ \| 11 % \| [0-9]+ % / [0-9]+ % \| – / – \|$' \
-             '^\| large \| PyTorch PP GPipe \| 3 \| 6 \| [0-9.]+ \| 25 % \|' \
-             '^- large, Tandem PP 1F1B at 2 devices, 4 microbatches: activations held on stage 0 [0-9.]+ MiB against GPipe.s [0-9.]+ \([0-9]+ %\), on stage 1' \
-             '^- tandem pp-interleaved \(3 devices\): pp-interleaved: the tiny GPT.s 3 blocks cannot fill 6 pipeline stages'; do
-    grep -qE "$row" "$md" || { cat "$md"; echo "FAIL: tandem bench --strategies pp: no line matching $row"; exit 1; }
-  done
+  require_lines "$md" "tandem bench --strategies pp" \
+    '^\| large \| Tandem PP GPipe \| 2 \| 4 \| [0-9.]+ \| 20 % \| [0-9]+ % / [0-9]+ % \| [0-9.]+ / [0-9.]+ \|$' \
+    '^\| large \| Tandem PP 1F1B \| 3 \| 6 \| [0-9.]+ \| 25 % \| [0-9]+ % / [0-9]+ % / [0-9]+ % \| [0-9.]+ / [0-9.]+ / [0-9.]+ \|$' \
+    '^\| large \| Tandem PP interleaved 1F1B \| 2 \| 4 \(2 stages per rank\) \| [0-9.]+ \| 11 % \|' \
+    '^\| large \| PyTorch PP interleaved 1F1B \| 2 \| 4 \(2 stages per rank\) \| [0-9.]+ \| 11 % \| [0-9]+ % / [0-9]+ % \| – / – \|$' \
+    '^\| large \| PyTorch PP GPipe \| 3 \| 6 \| [0-9.]+ \| 25 % \|' \
+    '^- large, Tandem PP 1F1B at 2 devices, 4 microbatches: activations held on stage 0 [0-9.]+ MiB against GPipe.s [0-9.]+ \([0-9]+ %\), on stage 1' \
+    '^- tandem pp-interleaved \(3 devices\): pp-interleaved: the tiny GPT.s 3 blocks cannot fill 6 pipeline stages'
   # The recommendation gives both schedules at 3 ranks their bubble, wherever the timings put them
   # (the winner, the best of the wider world, or a row after it: a run under load changes which).
   accounts=$(grep -E '^- \*\*large: ' "$md" |
