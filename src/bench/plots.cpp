@@ -113,7 +113,7 @@ std::string plural(int n, const std::string& one, const std::string& many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
 }
 
-std::string params_text(int64_t params) {
+std::string params_short(int64_t params) {
   char buf[32];
   if (params >= 1000000000) {
     std::snprintf(buf, sizeof buf, "%.3gB", params / 1e9);
@@ -185,7 +185,7 @@ std::string panel_title(const std::string& model, const std::vector<const Row*>&
   std::string t = model;
   for (const Row* r : rows) {
     if (r->params > 0) {
-      t += " (" + params_text(r->params) + " parameters, batch " + std::to_string(r->batch_per_device) +
+      t += " (" + params_short(r->params) + " parameters, batch " + std::to_string(r->batch_per_device) +
            " per device)";
       break;
     }
