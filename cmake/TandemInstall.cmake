@@ -8,8 +8,10 @@ install(TARGETS tandem EXPORT TandemTargets
 install(TARGETS tandem_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # bin/tandem finds its LibTorch helper at ../libexec/tandem/ (Note [Two binaries]).
 install(TARGETS tandem_torch_cli RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/tandem)
-# `tandem bench`'s workers: Tandem's beside the helper, the PyTorch peer under share/.
-install(TARGETS tandem_bench_worker tandem_frontier_worker RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/tandem)
+# `tandem bench`'s workers: Tandem's beside the helper, the PyTorch peer under share/. OPTIONAL:
+# scripts/demo builds the library, the CLI and its example only, and `cmake --install` after it
+# installs what was built (`tandem bench` then says which worker is missing and how to build it).
+install(TARGETS tandem_bench_worker tandem_frontier_worker OPTIONAL RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/tandem)
 install(FILES bench/peer.py bench/gloo_exit.py bench/frontier_peer.py DESTINATION ${CMAKE_INSTALL_DATADIR}/tandem/bench)
 install(PROGRAMS bench/in_memory_cgroup.sh DESTINATION ${CMAKE_INSTALL_DATADIR}/tandem/bench)
 install(DIRECTORY include/tandem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

@@ -54,7 +54,8 @@ Tools find_tools(const std::string& python) {
   t.worker = launch::install_path("libexec/tandem/tandem-bench-worker");
   t.peer = launch::install_path("share/tandem/bench/peer.py");
   TANDEM_CHECK(executable(t.worker), "the benchmark worker ", t.worker,
-               " is missing or not executable: rebuild (scripts/build) or reinstall Tandem");
+               " is missing or not executable: build every target (scripts/build; scripts/demo builds only",
+               " the CLI and its example), then reinstall");
   t.python = python;
   if (t.python.empty()) {
     if (const char* env = std::getenv("TANDEM_PYTHON"); env && *env) t.python = env;
