@@ -82,6 +82,7 @@ TORCH_MODULE(Fragile);
 
 std::vector<c10::Device> cpus(int n) { return std::vector<c10::Device>(static_cast<size_t>(n), c10::Device(c10::kCPU)); }
 
+using test::close_at_scale;
 using test::max_relative_difference;
 
 int thread_count() {
@@ -178,8 +179,8 @@ TEST(DataParallel, BatchNormStatisticsComeFromChunkZero) {
       model->forward(x).sum().backward();
       reference->forward(x.narrow(0, 0, 3)).sum().backward();  // chunk 0 of 3+3+3
     }
-    EXPECT_TRUE(at::allclose(primary->bn->running_mean, reference->bn->running_mean, 1e-6, 1e-7));
-    EXPECT_TRUE(at::allclose(primary->bn->running_var, reference->bn->running_var, 1e-6, 1e-7));
+    EXPECT_TRUE(close_at_scale(primary->bn->running_mean, reference->bn->running_mean, 1e-6, 1e-7));
+    EXPECT_TRUE(close_at_scale(primary->bn->running_var, reference->bn->running_var, 1e-6, 1e-7));
     EXPECT_EQ(primary->bn->num_batches_tracked.item<int64_t>(), 3);
     if (mode == Mode::Persistent) {
       // Replicas start every forward from the primary's buffers: replica 1's statistics after a
@@ -191,8 +192,8 @@ TEST(DataParallel, BatchNormStatisticsComeFromChunkZero) {
       const auto& replicas = model->replicas();
       ASSERT_EQ(replicas.size(), 3u);
       auto replica1 = std::dynamic_pointer_cast<BnNetImpl>(replicas[1]);
-      EXPECT_TRUE(at::allclose(replica1->bn->running_mean, snapshot->bn->running_mean, 1e-6, 1e-7));
-      EXPECT_TRUE(at::allclose(replica1->bn->running_var, snapshot->bn->running_var, 1e-6, 1e-7));
+      EXPECT_TRUE(close_at_scale(replica1->bn->running_mean, snapshot->bn->running_mean, 1e-6, 1e-7));
+      EXPECT_TRUE(close_at_scale(replica1->bn->running_var, snapshot->bn->running_var, 1e-6, 1e-7));
     }
   }
 }
@@ -421,16 +422,16 @@ TEST(DataParallel, FrozenParametersStayFrozenUntilUnfrozen) {
     at::cross_entropy_loss(model->forward(x), y).backward();
     at::cross_entropy_loss(reference->forward(x), y).backward();
     EXPECT_FALSE(primary->fc1->weight.grad().defined());
-    EXPECT_TRUE(at::allclose(primary->fc1->bias.grad(), reference->fc1->bias.grad(), 1e-5, 1e-7));
-    EXPECT_TRUE(at::allclose(primary->fc2->weight.grad(), reference->fc2->weight.grad(), 1e-5, 1e-7));
+    EXPECT_TRUE(close_at_scale(primary->fc1->bias.grad(), reference->fc1->bias.grad(), 1e-5));
+    EXPECT_TRUE(close_at_scale(primary->fc2->weight.grad(), reference->fc2->weight.grad(), 1e-5));
 
     reference->fc1->weight.requires_grad_(true);
     primary->fc1->weight.requires_grad_(true);
     at::cross_entropy_loss(model->forward(x), y).backward();
     at::cross_entropy_loss(reference->forward(x), y).backward();
     ASSERT_TRUE(primary->fc1->weight.grad().defined());
-    EXPECT_TRUE(at::allclose(primary->fc1->weight.grad(), reference->fc1->weight.grad(), 1e-5, 1e-7));
-    EXPECT_TRUE(at::allclose(primary->fc2->weight.grad(), reference->fc2->weight.grad(), 1e-5, 1e-7));
+    EXPECT_TRUE(close_at_scale(primary->fc1->weight.grad(), reference->fc1->weight.grad(), 1e-5));
+    EXPECT_TRUE(close_at_scale(primary->fc2->weight.grad(), reference->fc2->weight.grad(), 1e-5));
   }
 }
 

@@ -26,6 +26,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include "support/compare.h"
 #include "support/distributed_main.h"
 #include "support/errors.h"
 #include "tandem/accelerate/accelerator.h"
@@ -40,6 +41,7 @@ namespace pp = tandem::pp;
 
 namespace {
 
+using tandem::test::close_at_scale;
 using tandem::test::pg;
 using tandem::test::shared_pg;
 int W() { return pg().size(); }
@@ -193,9 +195,8 @@ at::Tensor train_against_one_process(Which which, int m, int64_t n, at::Reductio
         ADD_FAILURE() << "step " << step << ", parameter " << k << " has no gradient";
         return {};
       }
-      EXPECT_TRUE(at::allclose(mine[k].grad(), theirs[k].grad(), 1e-5, 1e-6))
-          << "step " << step << ", parameter " << k << " on rank " << R() << ": largest difference "
-          << (mine[k].grad() - theirs[k].grad()).abs().max().item<double>();
+      EXPECT_TRUE(close_at_scale(mine[k].grad(), theirs[k].grad(), 1e-5))
+          << "step " << step << ", parameter " << k << " on rank " << R();
     }
     if (step == 0) first_grads = whole_gradient(pipe, 2 * p);
     ref_opt.step();
@@ -204,7 +205,7 @@ at::Tensor train_against_one_process(Which which, int m, int64_t n, at::Reductio
     opt.zero_grad();
   }
   for (size_t k = 0; k < mine.size(); ++k) {
-    EXPECT_TRUE(at::allclose(mine[k], theirs[k], 1e-5, 1e-6)) << "weights after 3 steps, parameter " << k;
+    EXPECT_TRUE(close_at_scale(mine[k], theirs[k], 1e-5)) << "weights after 3 steps, parameter " << k;
   }
   return first_grads;
 }
@@ -251,7 +252,7 @@ TEST(Pipeline, EvaluateIsTheWholeModelsForward) {
     if (pipe.last) {
       ASSERT_TRUE(out.defined());
       EXPECT_FALSE(out.requires_grad());
-      EXPECT_TRUE(at::allclose(out, expected, 1e-5, 1e-6)) << (out - expected).abs().max().item<double>();
+      EXPECT_TRUE(close_at_scale(out, expected, 1e-5));
     } else {
       EXPECT_FALSE(out.defined());
     }
@@ -425,9 +426,8 @@ void pipeline_times_data_parallel(Replica replica) {
       }
       ASSERT_EQ(mine.size(), theirs.size());
       for (size_t k = 0; k < mine.size(); ++k) {
-        EXPECT_TRUE(at::allclose(mine[k], theirs[k], 1e-5, 1e-6))
-            << "after step " << step << ", parameter " << k << " on rank " << R() << ": largest difference "
-            << (mine[k] - theirs[k]).abs().max().item<double>();
+        EXPECT_TRUE(close_at_scale(mine[k], theirs[k], 1e-5))
+            << "after step " << step << ", parameter " << k << " on rank " << R();
       }
     }
   }
@@ -486,9 +486,8 @@ void accelerator_pipeline(tandem::Strategy strategy, tandem::PipelineSchedule ki
       }
       ASSERT_EQ(mine.size(), theirs.size());
       for (size_t i = 0; i < mine.size(); ++i) {
-        EXPECT_TRUE(at::allclose(mine[i], theirs[i], 1e-5, 1e-6))
-            << "after step " << step << ", stage part " << k << ", parameter " << i << " on rank " << R()
-            << ": largest difference " << (mine[i] - theirs[i]).abs().max().item<double>();
+        EXPECT_TRUE(close_at_scale(mine[i], theirs[i], 1e-5))
+            << "after step " << step << ", stage part " << k << ", parameter " << i << " on rank " << R();
       }
     }
   }
@@ -647,9 +646,7 @@ void expect_same_weights(const std::map<std::string, at::Tensor>& mine, const st
       ADD_FAILURE() << what << ": '" << name << "' is not the whole model's";
       continue;
     }
-    EXPECT_TRUE(at::allclose(tensor, it->second, 1e-5, 1e-6))
-        << what << ": '" << name << "' on rank " << R() << ": largest difference "
-        << (tensor - it->second).abs().max().item<double>();
+    EXPECT_TRUE(close_at_scale(tensor, it->second, 1e-5)) << what << ": '" << name << "' on rank " << R();
   }
 }
 

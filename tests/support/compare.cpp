@@ -28,8 +28,21 @@ double global_relative_l2(const std::vector<at::Tensor>& a, const std::vector<at
   return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
+::testing::AssertionResult close_at_scale(const at::Tensor& a, const at::Tensor& b, double rtol, double atol) {
+  if (a.sizes() != b.sizes()) {
+    return ::testing::AssertionFailure() << "shapes differ: " << a.sizes() << " vs " << b.sizes();
+  }
+  if (b.numel() == 0) return ::testing::AssertionSuccess();
+  const double difference = max_abs_difference(a, b);
+  const double scale = b.detach().cpu().to(at::kDouble).abs().max().item<double>();
+  const double bound = rtol * scale + atol;
+  if (difference <= bound) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "largest difference " << difference << " above " << bound << " (" << rtol
+                                       << " x the largest magnitude " << scale << " + " << atol << ")";
+}
+
 double max_abs_difference(const at::Tensor& a, const at::Tensor& b) {
-  return (a.cpu().to(at::kDouble) - b.cpu().to(at::kDouble)).abs().max().item<double>();
+  return (a.detach().cpu().to(at::kDouble) - b.detach().cpu().to(at::kDouble)).abs().max().item<double>();
 }
 
 }  // namespace tandem::test

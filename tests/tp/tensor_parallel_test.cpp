@@ -22,6 +22,7 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include "accelerate/sharded_tensors.h"
+#include "support/compare.h"
 #include "support/distributed_main.h"
 #include "tandem/accelerate/accelerator.h"
 #include "support/errors.h"
@@ -37,6 +38,7 @@ namespace {
 
 using tandem::comm::Placement;
 using tandem::nn::Hookable;
+using tandem::test::close_at_scale;
 using tandem::test::pg;
 using tandem::test::shared_pg;
 namespace tp = tandem::tp;
@@ -134,7 +136,7 @@ TEST(TpLossParallel, EqualsTheWholeCrossEntropyWithIgnoredTargets) {
     at::Tensor g = at::rand_like(ref) + 0.5;
     ref.backward(g);
     loss.backward(g);
-    EXPECT_TRUE(at::allclose(mine.grad(), ref_logits.grad().chunk(W(), -1)[R()], 1e-5, 1e-7));
+    EXPECT_TRUE(close_at_scale(mine.grad(), ref_logits.grad().chunk(W(), -1)[R()], 1e-5));
   }
 }
 
@@ -338,7 +340,7 @@ void check_plan_against_single_process(const tp::Plan& plan, bool checkpointed =
       const Placement placement = layout.placement(item.key());
       const at::Tensor grad = item.value().grad();
       ASSERT_TRUE(grad.defined()) << item.key();
-      EXPECT_TRUE(at::allclose(joined(grad, placement, *group), ref_params[item.key()].grad(), 1e-4, 1e-6))
+      EXPECT_TRUE(close_at_scale(joined(grad, placement, *group), ref_params[item.key()].grad(), 1e-4))
           << item.key() << " at step " << step;
       if (!placement.is_shard()) expect_replicated_bit_identical(grad, *group, item.key());
     }
@@ -402,13 +404,13 @@ TEST(TensorParallel, RowwiseEmbeddingWithASequenceShardedOutput) {
   at::Tensor out = net->forward(tokens);
   EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 2, 3}));
   at::Tensor ref = whole->forward(tokens);
-  EXPECT_TRUE(at::allclose(tp::detail::gather_along(out.detach(), 1, pg()), ref.detach()));
+  EXPECT_TRUE(close_at_scale(tp::detail::gather_along(out.detach(), 1, pg()), ref.detach(), 1e-5));
   at::Tensor g = at::arange(ref.numel(), at::kFloat).view(ref.sizes());
   ref.backward(g);
   out.backward(g.chunk(W(), 1)[R()].contiguous());
   auto params = net->named_parameters();
   EXPECT_EQ(layout.placement("0.weight"), Placement::shard(0));
-  EXPECT_TRUE(at::allclose(tp::detail::gather_along(params["0.weight"].grad(), 0, pg()), whole->weight.grad()));
+  EXPECT_TRUE(close_at_scale(tp::detail::gather_along(params["0.weight"].grad(), 0, pg()), whole->weight.grad(), 1e-5));
 }
 
 // Note [Shared conversions]: three column-wise layers reading one tensor all-reduce their input's
@@ -439,7 +441,7 @@ TEST(TensorParallel, LayersReadingOneTensorShareOneAllReduce) {
     EXPECT_EQ(pg().last_sequence_number() - before, 1u) << "collectives in backward, step " << step;
     at::Tensor ref = run(reference, x_ref);
     (ref * ref).sum().backward();
-    EXPECT_TRUE(at::allclose(x.grad(), x_ref.grad(), 1e-5, 1e-6));
+    EXPECT_TRUE(close_at_scale(x.grad(), x_ref.grad(), 1e-5));
   }
 }
 
@@ -533,8 +535,8 @@ void check_checkpoint_against_single_process(tandem::Accelerator& acc, const at:
           << name << ": largest difference " << (weights.whole(name) - item.value()).abs().max().item<double>();
       const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(
           *ref_opt.state().at(item.value().unsafeGetTensorImpl()));
-      EXPECT_TRUE(at::allclose(state.whole(name + ".exp_avg"), adamw.exp_avg(), 1e-3, 1e-7)) << name;
-      EXPECT_TRUE(at::allclose(state.whole(name + ".exp_avg_sq"), adamw.exp_avg_sq(), 1e-3, 1e-10)) << name;
+      EXPECT_TRUE(close_at_scale(state.whole(name + ".exp_avg"), adamw.exp_avg(), 1e-3, 1e-7)) << name;
+      EXPECT_TRUE(close_at_scale(state.whole(name + ".exp_avg_sq"), adamw.exp_avg_sq(), 1e-3, 1e-10)) << name;
       EXPECT_EQ(state.whole(name + ".step").item<int64_t>(), adamw.step()) << name;
     }
   }
