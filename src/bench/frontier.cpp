@@ -504,9 +504,7 @@ int run_memory_frontier(const Tools& tools, const FrontierConfig& config, const 
   Runner runner{tools, config, cgroup, launch::install_path("libexec/tandem/tandem-frontier-worker"),
                 launch::install_path("share/tandem/bench/frontier_peer.py"),
                 launch::install_path("share/tandem/bench/in_memory_cgroup.sh")};
-  TANDEM_CHECK(::access(runner.worker.c_str(), X_OK) == 0, "the frontier worker ", runner.worker,
-               " is missing or not executable: build every target (scripts/build; scripts/demo builds only",
-               " the CLI and its example), then reinstall");
+  require_worker("the frontier worker", runner.worker);
   TANDEM_CHECK(::access(runner.wrapper.c_str(), R_OK) == 0, "the cgroup wrapper ", runner.wrapper, " is missing");
   std::error_code ec;
   std::filesystem::create_directories(config.out + "/logs", ec);

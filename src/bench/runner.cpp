@@ -48,14 +48,18 @@ bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) =
 
 bool stop_requested() { return g_stop_signal != 0; }
 
+void require_worker(const std::string& what, const std::string& path) {
+  TANDEM_CHECK(executable(path), what, " ", path,
+               " is missing or not executable: build every target (scripts/build; scripts/demo builds only",
+               " the CLI and its example), then reinstall");
+}
+
 Tools find_tools(const std::string& python) {
   Tools t;
   t.tandem = launch::install_path("bin/tandem");
   t.worker = launch::install_path("libexec/tandem/tandem-bench-worker");
   t.peer = launch::install_path("share/tandem/bench/peer.py");
-  TANDEM_CHECK(executable(t.worker), "the benchmark worker ", t.worker,
-               " is missing or not executable: build every target (scripts/build; scripts/demo builds only",
-               " the CLI and its example), then reinstall");
+  require_worker("the benchmark worker", t.worker);
   t.python = python;
   if (t.python.empty()) {
     if (const char* env = std::getenv("TANDEM_PYTHON"); env && *env) t.python = env;

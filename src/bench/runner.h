@@ -23,6 +23,10 @@ struct Tools {
 /// Throws tandem::Error naming a missing worker.
 Tools find_tools(const std::string& python);
 
+/// Throws tandem::Error when `path`, the program `what` names ("the benchmark worker"), is not
+/// executable, saying how to build it: scripts/demo builds only the CLI and its example.
+void require_worker(const std::string& what, const std::string& path);
+
 /// What the Python can run: "" when it imports torch and `modules` (the strategies' peer_modules,
 /// e.g. accelerate), else the one-line reason. `versions` receives their versions.
 std::string probe_peers(const Tools& tools, const std::vector<std::string>& modules, std::string& versions);
