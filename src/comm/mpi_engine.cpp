@@ -83,7 +83,12 @@ void MpiEngine::finalize_at_exit() {
   {
     std::lock_guard<std::mutex> hold(engine.mutex_);
     if (!engine.stuck_.empty() || engine.stopping_) return;
-    engine.queue_.emplace_back([] { MPI_Finalize(); });
+    // Receives that never matched (a peer that failed, or a p2p that timed out) are dropped first:
+    // polling them after MPI_Finalize aborts the process (MPI_Test after finalize is an error).
+    engine.queue_.emplace_back([&engine] {
+      engine.pollers_.clear();
+      MPI_Finalize();
+    });
     engine.stopping_ = true;
   }
   engine.wake_.notify_all();

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "comm/nccl_backend.h"
+#include "comm/nccl_rules.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/error.h"
 
@@ -100,7 +101,15 @@ std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroup::batch_isend_irecv(std:
     what.push_back(begin_p2p(sending ? "send" : "recv", op.tensor, op.peer, op.tag, sending));
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> issued;
-  size_t i = 0;
+  if (strict_ && !device.is_cuda()) {
+    // Note [NCCL's rules on CPU]: the batch is one item of the group's stream; tags are not used.
+    std::vector<detail::StrictStream::P2P> batch;
+    for (size_t k = 0; k < ops.size(); ++k) {
+      batch.push_back({ops[k].kind == P2POp::Kind::Send, ops[k].tensor, ops[k].peer, what[k]});
+    }
+    issued.assign(ops.size(), strict_->submit_batch(backend, std::move(batch)));
+  }
+  size_t i = issued.empty() ? 0 : ops.size();
   try {  // a backend may refuse at once (a pair closed by an earlier timeout): named as a wait would
     if (coalesce) backend->startCoalescing();
     for (; i < ops.size(); ++i) {

@@ -17,6 +17,7 @@
 #include "comm/mpi_backend.h"
 #include "comm/nccl_backend.h"
 #include "comm/nccl_device.h"
+#include "comm/nccl_rules.h"
 #include "common/host_buffer_pool.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/comm/net.h"
@@ -94,6 +95,16 @@ void agree_on_cpu_backend(c10d::Store& store, int rank, CpuBackend mine) {
   }
 }
 
+// NCCL's rules change which programs finish (Note [NCCL's rules on CPU]): all ranks or none.
+void agree_on_nccl_rules(c10d::Store& store, int rank, bool mine) {
+  const std::string text = mine ? "on" : "off";
+  const std::string other = rank0_setting(store, rank, "tandem/nccl_rules", text);
+  if (other != text) {
+    throw Error("NCCL's rules on CPU are " + other + " on rank 0 and " + text + " on rank " + std::to_string(rank) +
+                ": set the same TANDEM_NCCL_RULES (or ProcessGroupOptions.nccl_rules) for every rank");
+  }
+}
+
 }  // namespace
 
 const char* to_string(ReduceOp op) {
@@ -127,6 +138,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const World& world,
   if (world.world_size > 1) agree_on_debug_level(*pg->store_, world.rank, pg->debug_level_);
   pg->cpu_kind_ = resolve_cpu_backend(options.cpu_backend() ? *options.cpu_backend() : cpu_backend_from_env()).backend;
   if (world.world_size > 1) agree_on_cpu_backend(*pg->store_, world.rank, pg->cpu_kind_);
+  pg->nccl_rules_ = options.nccl_rules() ? *options.nccl_rules() : detail::nccl_rules_from_env();
+  if (world.world_size > 1) agree_on_nccl_rules(*pg->store_, world.rank, pg->nccl_rules_);
   pg->make_backends(nullptr, 0);
   return pg;
 }
@@ -162,6 +175,17 @@ void ProcessGroup::make_backends(const c10::intrusive_ptr<c10d::Backend>& mpi_pa
   }
   sent_.assign(static_cast<size_t>(size_), 0);
   received_.assign(static_cast<size_t>(size_), 0);
+  if (nccl_rules_) {
+    strict_ = std::make_unique<detail::StrictStream>(subgroup_ ? "group '" + name_ + "'" : "the world group",
+                                                     options_.timeout());
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::start(const c10::Device& device,
+                                                   std::function<c10::intrusive_ptr<c10d::Work>()> issue) {
+  // Note [NCCL's rules on CPU]: CPU operations in issue order, one at a time. CUDA ones are NCCL's.
+  if (strict_ && !device.is_cuda()) return strict_->submit(std::move(issue));
+  return issue();
 }
 
 int ProcessGroup::global_rank(int group_rank) const {
@@ -182,7 +206,9 @@ std::string ProcessGroup::describe_rank(int group_rank) const {
 }
 
 ProcessGroup::~ProcessGroup() {
-  // Backends first (they hold store connections and worker threads), then the store.
+  // The rules' stream first (its thread uses the CPU backend), then the backends (they hold store
+  // connections and worker threads), then the store.
+  strict_.reset();
   try {
     if (nccl_) nccl_->shutdown();
   } catch (...) {
@@ -339,7 +365,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::issue_all_reduce(at::Tensor& tensor
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(wire);
   opts.timeout = options_.timeout();
-  auto work = backend->allreduce(tensors, opts);
+  auto work = start(tensor.device(), [backend, tensors, opts]() mutable { return backend->allreduce(tensors, opts); });
   remember(work, call);
   return work;
 }
@@ -370,7 +396,7 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     opts.timeout = options_.timeout();
-    work = backend->broadcast(tensors, opts);
+    work = start(tensor.device(), [backend, tensors, opts]() mutable { return backend->broadcast(tensors, opts); });
     remember(work, call);
   }
   wait(work, call.describe());
@@ -420,7 +446,8 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
     call = begin(CollectiveKind::AllGather, &tensor, 0);
     c10d::AllgatherOptions opts;
     opts.timeout = options_.timeout();
-    work = backend->allgather(outputs, inputs, opts);
+    work = start(tensor.device(),
+                 [backend, outputs, inputs, opts]() mutable { return backend->allgather(outputs, inputs, opts); });
     remember(work, call);
   }
   wait(work, call.describe());
@@ -538,16 +565,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::issue_reduce_scatter(at::Tensor& ou
     // Note [Gloo reduce-scatter].
     at::Tensor flat_input = input.view({-1});  // Gloo splits dim 0 into the world size's parts
     at::Tensor received = tandem::detail::scratch_like(flat_input, flat_input.numel());  // Note [Host buffer pool]
-    std::vector<int64_t> equal_splits;
     c10d::AllToAllOptions opts;
     opts.timeout = options_.timeout();
-    auto exchange = backend->alltoall_base(received, flat_input, equal_splits, equal_splits, opts);
+    auto exchange = start(input.device(), [backend, received, flat_input, opts]() mutable {
+      std::vector<int64_t> equal_splits;
+      return backend->alltoall_base(received, flat_input, equal_splits, equal_splits, opts);
+    });
     work = c10::make_intrusive<AllToAllReduceScatter>(std::move(exchange), received, output, size(), wire);
   } else {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(wire);
     opts.timeout = options_.timeout();
-    work = backend->_reduce_scatter_base(output, input, opts);
+    work = start(input.device(),
+                 [backend, output, input, opts]() mutable { return backend->_reduce_scatter_base(output, input, opts); });
   }
   remember(work, call);
   return work;
@@ -570,14 +600,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::all_gather_into_async(at::Tensor& o
     at::Tensor sent = tandem::detail::scratch_like(output, size() * input.numel());
     sent.view({size(), input.numel()}).copy_(input.reshape({1, -1}).expand({size(), input.numel()}));
     at::Tensor received = output.view({-1});
-    std::vector<int64_t> equal_splits;
     c10d::AllToAllOptions opts;
     opts.timeout = options_.timeout();
-    work = backend->alltoall_base(received, sent, equal_splits, equal_splits, opts);
+    work = start(input.device(), [backend, received, sent, opts]() mutable {
+      std::vector<int64_t> equal_splits;
+      return backend->alltoall_base(received, sent, equal_splits, equal_splits, opts);
+    });
   } else {
     c10d::AllgatherOptions opts;
     opts.timeout = options_.timeout();
-    work = backend->_allgather_base(output, input, opts);
+    work = start(input.device(),
+                 [backend, output, input, opts]() mutable { return backend->_allgather_base(output, input, opts); });
   }
   remember(work, call);
   return work;
@@ -596,7 +629,7 @@ void ProcessGroup::barrier() {
     call = begin(CollectiveKind::Barrier, nullptr, 0);
     c10d::BarrierOptions opts;
     opts.timeout = options_.timeout();
-    work = cpu_->barrier(opts);
+    work = start(c10::Device(c10::kCPU), [backend = cpu_, opts]() mutable { return backend->barrier(opts); });
     remember(work, call);
   }
   wait(work, call.describe());

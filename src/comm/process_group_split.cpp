@@ -101,6 +101,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& mem
       "tandem/group/" + std::to_string(index) + "/" + std::to_string(color), store_);
   group->debug_level_ = debug_level_;
   group->cpu_kind_ = cpu_kind_;
+  group->nccl_rules_ = nccl_rules_;
   if (cpu_kind_ == CpuBackend::Mpi) {
     group->make_backends(cpu_, color);
     return group;

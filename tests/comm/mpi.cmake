@@ -19,6 +19,11 @@ foreach(_n 2 4)
     COMMAND ${_mpi_run} --nproc-per-node ${_n} -- $<TARGET_FILE:subgroups_test> --gtest_filter=-SubgroupTimeout.*:NcclSubgroups.*)
   set_tests_properties(comm.subgroups.mpi${_n} PROPERTIES LABELS "comm;multiprocess;mpi" TIMEOUT 300)
 endforeach()
+# (Not the collective that times out: MPI cannot cancel one, so the job would end there, by design.)
+add_test(NAME comm.nccl_rules.mpi2 COMMAND ${_mpi_run} --nproc-per-node 2 -- $<TARGET_FILE:subgroups_test>
+  --gtest_filter=NcclRules.*:-NcclRules.ACollectiveWaitsForTheSendIssuedBeforeIt)
+set_tests_properties(comm.nccl_rules.mpi2 PROPERTIES LABELS "comm;multiprocess;mpi" TIMEOUT 300
+  ENVIRONMENT "TANDEM_NCCL_RULES=1;TANDEM_TEST_COLLECTIVE_TIMEOUT_MS=3000")
 # Pipelines over MPI: its tags keep the streams of interleaved 1F1B apart, as Gloo's do.
 add_test(NAME pp.mpi2 COMMAND ${_mpi_run} --nproc-per-node 2 -- $<TARGET_FILE:pipeline_test>)
 set_tests_properties(pp.mpi2 PROPERTIES LABELS "pp;multiprocess;mpi" TIMEOUT 300)

@@ -349,6 +349,74 @@ TEST(PointToPoint, BadPeersAreOneLineErrors) {
   EXPECT_ERROR(pg().send(at::zeros({4, 4}).t(), (R() + 1) % W()), "send needs a defined, dense, contiguous tensor");
 }
 
+// NCCL's rules on CPU (Note [NCCL's rules on CPU] in src/comm/nccl_rules.h), run with
+// TANDEM_NCCL_RULES=1 and a short collective timeout (comm.nccl_rules.*): what hangs on NCCL hangs
+// here too, and the timeout names the operation; what NCCL runs still runs. Each case has a group of
+// its own, since a timeout breaks the group it happens on (as NCCL's watchdog aborts one); two ranks,
+// so that both time out together and meet again at the next case.
+bool under_rules() { return pg().nccl_rules(); }
+
+// Two ranks that each send, then receive: each send waits for a receive queued behind the other's
+// send. Gloo alone finishes this (its sends are buffered); NCCL does not.
+TEST(NcclRules, SendThenReceiveOnBothSidesIsADeadlockNamedOnTheSend) {
+  if (!under_rules() || W() != 2) GTEST_SKIP() << "needs TANDEM_NCCL_RULES=1 and two ranks";
+  auto pair = pg().split(0, "crossed");
+  const int other = 1 - pair->rank();
+  at::Tensor out = at::full({16}, R(), at::kFloat), in = at::empty({16}, at::kFloat);
+  auto send = pair->isend(out, other);
+  const std::string received = tandem::test::error_of([&] { pair->recv(in, other); });
+  EXPECT_THAT(received, ::testing::HasSubstr("recv of 16 Float on cpu from rank " + std::to_string(other) +
+                                             " of group 'crossed'"));
+  EXPECT_THAT(received, ::testing::HasSubstr("an earlier operation on group 'crossed' failed: its receive was not "
+                                             "posted within"));
+  EXPECT_ERROR_HAS(pair->wait(send, "send"), "its receive was not posted within");
+}
+
+// The same exchange as one batch (NCCL's group call): it runs.
+TEST(NcclRules, SendAndReceiveInOneBatchRun) {
+  if (!under_rules() || W() != 2) GTEST_SKIP() << "needs TANDEM_NCCL_RULES=1 and two ranks";
+  auto ring = pg().split(0, "ring");
+  at::Tensor out = at::full({1000}, R(), at::kFloat), in = at::empty({1000}, at::kFloat);
+  std::vector<P2POp> ops{P2POp::send(out, (R() + 1) % W()), P2POp::recv(in, (R() + W() - 1) % W())};
+  for (auto& w : ring->batch_isend_irecv(ops)) ring->wait(w, "ring");
+  EXPECT_TRUE(at::equal(in, at::full({1000}, (R() + W() - 1) % W(), at::kFloat)));
+}
+
+// No tags: a receive takes the next message from its peer, whatever tag either side gave.
+TEST(NcclRules, TagsAreIgnoredMessagesComeInTheOrderSent) {
+  if (!under_rules() || W() != 2) GTEST_SKIP() << "needs TANDEM_NCCL_RULES=1 and two ranks";
+  auto pair = pg().split(0, "untagged");
+  if (pair->rank() == 0) {
+    auto first = pair->isend(at::full({4}, 3.0), 1, 3);
+    auto second = pair->isend(at::full({4}, 7.0), 1, 7);
+    pair->wait(first, "first");
+    pair->wait(second, "second");
+  } else {
+    at::Tensor t = at::empty({4});
+    pair->recv(t, 0, 7);
+    EXPECT_TRUE(at::equal(t, at::full({4}, 3.0))) << "the first message sent came first";
+    pair->recv(t, 0, 3);
+    EXPECT_TRUE(at::equal(t, at::full({4}, 7.0)));
+  }
+}
+
+// A group's operations complete in issue order, collectives and point-to-point alike: a collective
+// issued behind a send waits for that send's receive.
+TEST(NcclRules, ACollectiveWaitsForTheSendIssuedBeforeIt) {
+  if (!under_rules() || W() != 2) GTEST_SKIP() << "needs TANDEM_NCCL_RULES=1 and two ranks";
+  auto pair = pg().split(0, "ordered");
+  at::Tensor t = at::ones({8});
+  if (pair->rank() == 0) {
+    auto send = pair->isend(at::full({8}, 5.0), 1);
+    EXPECT_ERROR_HAS(pair->all_reduce(t), "an earlier operation on group 'ordered' failed");
+    EXPECT_ERROR_HAS(pair->wait(send, "send"), "its receive was not posted within");
+  } else {
+    // Rank 1 reduces first, then receives: on Gloo both finish; on NCCL rank 0's all-reduce is
+    // queued behind its send, whose receive is queued behind rank 1's all-reduce.
+    EXPECT_ERROR_HAS(pair->all_reduce(t), "all_reduce of 8 Float on cpu (sum) failed on rank 1 of 2 in group 'ordered'");
+  }
+}
+
 // Run with a short collective timeout (ctest sets TANDEM_TEST_COLLECTIVE_TIMEOUT_MS) at 4 ranks:
 // in the group of global ranks {2, 3}, rank 3 does not come; rank 2's error names the group and
 // the global rank that is missing, for a collective and for a receive alike.

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,6 +50,7 @@ namespace tandem::comm {
 namespace detail {
 struct CollectiveCall;
 enum class CollectiveKind : int64_t;
+class StrictStream;
 }  // namespace detail
 
 /// PyTorch's default collective timeout for Gloo is 30 minutes; ours is shorter because a job
@@ -89,6 +91,11 @@ struct ProcessGroupOptions {
   TORCH_ARG(std::optional<CpuBackend>, cpu_backend) = std::nullopt;
   /// Collective debug level; unset: TANDEM_DEBUG, else TORCH_DISTRIBUTED_DEBUG, else Off.
   TORCH_ARG(std::optional<DebugLevel>, debug) = std::nullopt;
+  /// Run the CPU backends under NCCL's rules (Note [NCCL's rules on CPU] in src/comm/nccl_rules.h):
+  /// point-to-point without tags, a send complete only once its receive is posted, a group's
+  /// operations one at a time in issue order. What hangs on NCCL then hangs (and times out, named)
+  /// on CPU. For tests: it serialises every operation. Unset: TANDEM_NCCL_RULES, else off.
+  TORCH_ARG(std::optional<bool>, nccl_rules) = std::nullopt;
 };
 
 class ProcessGroup {
@@ -128,6 +135,8 @@ class ProcessGroup {
   /// The backend of CPU tensors: Gloo or Mpi (never Auto).
   CpuBackend cpu_backend() const { return cpu_kind_; }
   DebugLevel debug_level() const { return debug_level_; }
+  /// Whether the CPU backends follow NCCL's rules (ProcessGroupOptions::nccl_rules).
+  bool nccl_rules() const { return nccl_rules_; }
   /// The sequence number of the last collective issued (0 before the first).
   uint64_t last_sequence_number() const;
 
@@ -229,6 +238,9 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Work> issue_reduce_scatter(at::Tensor& output, at::Tensor& input, ReduceOp wire,
                                                       ReduceOp asked);
   void remember(const c10::intrusive_ptr<c10d::Work>& work, const detail::CollectiveCall& call);
+  /// Starts one operation on the backend of `device`: at once, or under NCCL's rules on CPU
+  /// through the group's stream (after every operation issued before it).
+  c10::intrusive_ptr<c10d::Work> start(const c10::Device& device, std::function<c10::intrusive_ptr<c10d::Work>()> issue);
   /// The error for a failed collective: `what`, where, the cause, and the other ranks' whereabouts.
   Error failure(const std::string& what, const detail::CollectiveCall* call, const std::exception& cause) const;
 
@@ -247,6 +259,8 @@ class ProcessGroup {
   int nccl_device_ = -1;
   std::string nccl_unavailable_;
   DebugLevel debug_level_ = DebugLevel::Off;
+  bool nccl_rules_ = false;
+  std::unique_ptr<detail::StrictStream> strict_;  // under NCCL's rules
 
   std::mutex issue_mutex_;          // collectives may be issued from autograd threads too
   mutable std::mutex calls_mutex_;
