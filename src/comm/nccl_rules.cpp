@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <map>
 
 #include <ATen/ATen.h>
 
@@ -107,37 +108,50 @@ c10::intrusive_ptr<c10d::Work> StrictStream::submit_batch(const c10::intrusive_p
   auto batch = [backend, ops = std::move(ops), timeout]() mutable {
     const bool alone = ops.size() == 1;
     auto named = [&](const P2P& op, const std::string& text) { return alone ? text : op.what + ": " + text; };
-    // Note [Send tokens]: "posted" to every receive's peer, then every send waits for its own.
-    std::vector<at::Tensor> tokens;
-    std::vector<c10::intrusive_ptr<c10d::Work>> posted, awaited;
-    for (auto& op : ops) {
-      if (op.send) continue;
+    // Note [Send tokens]: every receive is posted, and says so to its peer; the sends to each peer
+    // go in their order, each once its own token has come, and the peers' chains run side by side
+    // (the operations of a batch do not wait for each other: a batch may send a header and its
+    // values, whose receives the peer posts one after the other). A Gloo work says it is complete
+    // only once waited for, so each chain waits on a thread of its own.
+    std::vector<c10::intrusive_ptr<c10d::Work>> data(ops.size()), posted;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].send) continue;
+      std::vector<at::Tensor> one{ops[i].tensor};
+      data[i] = backend->recv(one, ops[i].peer, kDataTag);
       std::vector<at::Tensor> token{at::ones({1}, at::kByte)};
-      tokens.push_back(token.front());
-      posted.push_back(backend->send(token, op.peer, kTokenTag));
+      posted.push_back(backend->send(token, ops[i].peer, kTokenTag));
     }
-    for (auto& op : ops) {
-      if (!op.send) continue;
-      std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};
-      tokens.push_back(token.front());
-      awaited.push_back(backend->recv(token, op.peer, kTokenTag));
+    std::map<int, std::vector<size_t>> sends_to;  // peer -> its sends, in issue order
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].send) sends_to[ops[i].peer].push_back(i);
     }
-    size_t k = 0;
-    for (auto& op : ops) {
-      if (!op.send) continue;
-      try {
-        awaited[k++]->wait(timeout);
-      } catch (const std::exception& e) {
-        throw Error(named(op, "its receive was not posted within " + ms_text(timeout) +
-                                  " (a send completes only once its receive is posted: the peer waits elsewhere, "
-                                  "likely in a send of its own queued before that receive; issue the two as one "
-                                  "batch_isend_irecv) (" + one_line(e) + ")"));
-      }
+    std::vector<std::thread> chains;
+    std::vector<std::exception_ptr> failed(sends_to.size());
+    size_t c = 0;
+    for (auto& [peer, indices] : sends_to) {
+      chains.emplace_back([&, peer = peer, indices = indices, slot = c++] {
+        try {
+          for (size_t i : indices) {
+            std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};
+            try {
+              backend->recv(token, peer, kTokenTag)->wait(timeout);
+            } catch (const std::exception& e) {
+              throw Error(named(ops[i], "its receive was not posted within " + ms_text(timeout) +
+                                            " (a send completes only once its receive is posted: the peer waits "
+                                            "elsewhere, likely in a send of its own queued before that receive; "
+                                            "issue the two as one batch_isend_irecv) (" + one_line(e) + ")"));
+            }
+            std::vector<at::Tensor> one{ops[i].tensor};
+            data[i] = backend->send(one, peer, kDataTag);
+          }
+        } catch (...) {
+          failed[slot] = std::current_exception();
+        }
+      });
     }
-    std::vector<c10::intrusive_ptr<c10d::Work>> data;
-    for (auto& op : ops) {
-      std::vector<at::Tensor> one{op.tensor};
-      data.push_back(op.send ? backend->send(one, op.peer, kDataTag) : backend->recv(one, op.peer, kDataTag));
+    for (auto& t : chains) t.join();
+    for (auto& f : failed) {
+      if (f) std::rethrow_exception(f);
     }
     for (size_t i = 0; i < ops.size(); ++i) {
       try {

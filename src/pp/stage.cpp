@@ -4,39 +4,36 @@
 
 #include <ATen/ATen.h>
 
+#include "tandem/comm/agreement.h"
 #include "tandem/error.h"
 
 namespace tandem::pp {
 
 namespace {
 
-// Note [Activation header]
-// The next stage cannot know an activation's shape before it arrives (the last microbatch may be
-// smaller, a stage may change the shape), so each activation is two messages: a header of
-// kHeaderLength int64 (rank, dtype, then the sizes) and the values. Gradients need none: they
-// come back in the shape of the activation the stage sent.
+// Note [Activation shapes]
+// The next stage cannot know an activation's shape before the first one arrives (a stage may
+// change the shape), so the first activation of a microbatch size is led by a header of
+// kHeaderLength int64 (rank, dtype, then the sizes); the receiver keeps the shape under that size
+// (the number of samples in the microbatch, which every stage knows from the step's agreed batch
+// size), and the later activations of that size are their values alone: no second message and no
+// host sync per microbatch, as PyTorch's pipelining infers the shapes once. A stage whose output
+// changes shape for the same microbatch size is refused with one line (a header the receiver does
+// not expect would be read as values). Gradients need no header: they come back in the shape of
+// the activation the stage sent.
 constexpr int64_t kMaxDims = 8;
 constexpr int64_t kHeaderLength = 2 + kMaxDims;
 
-// Note [Stage tags]
-// Between two processes several streams may flow: with several stages per process (interleaved
-// 1F1B) rank r sends the activations of its stages r, r + P, ... and, when P = 2, the gradients of
-// its other stages to the same neighbour. Each stream has its own tag: the activations stage s
-// sends to s + 1 have tag 2s (header and values, in order), the gradients stage s sends back to
-// s - 1 have tag 2s + 1; Gloo and MPI match a receive with the sends of its tag only, so a
-// schedule need only keep each stream in order. NCCL has no tags: there all the messages between
-// two processes are one stream, and the receiver must take them in the order they were sent.
-// The schedules' orders do that too (checked for every P, v and m up to 6, 4 and 4P in
-// tests/pp/schedule_order_test.cpp: Megatron-LM's warmup of 2 (P - r - 1) + (v - 1) P forwards
-// is what makes the interleaved one so; with P - r - 1 + (v - 1) P it still finishes on Gloo,
-// but two processes' streams interleave in different orders).
-int activation_tag(int from_stage) { return 2 * from_stage; }
-int gradient_tag(int from_stage) { return 2 * from_stage + 1; }
+std::string shape_text(const std::vector<int64_t>& sizes, at::ScalarType dtype) {
+  std::string text = std::string(c10::toString(dtype)) + "[";
+  for (size_t d = 0; d < sizes.size(); ++d) text += (d ? ", " : "") + std::to_string(sizes[d]);
+  return text + "]";
+}
 
-c10::Device device_of(const comm::ProcessGroup& group) {
-  if (group.has_nccl()) {
-    if (auto device = group.cuda_device()) return *device;
-  }
+// Where the stage's module lives: its first parameter's (or buffer's) device, else the CPU.
+c10::Device device_of(const torch::nn::Module& module) {
+  for (const auto& p : module.parameters()) return p.device();
+  for (const auto& b : module.buffers()) return b.device();
   return c10::Device(c10::kCPU);
 }
 
@@ -52,60 +49,90 @@ Stage::Stage(std::shared_ptr<torch::nn::Module> module, std::function<at::Tensor
       sync_(std::move(sync)) {
   TANDEM_CHECK(module_ && forward_, "pp: a stage needs a module");
   TANDEM_CHECK(group_, "pp: a stage needs a process group");
+  const int p = group_->size();
+  // The same on every rank before anything waits on a message (Note [Agreement before waiting]
+  // in docs/design/comm.md): how many stages, which of each process's stages this is, and on which
+  // kind of device the messages go. Checked before the local rules, so that a rank whose local
+  // rule fails does not leave the others in this all-gather.
+  module_device_ = device_of(*module_);
+  const auto cuda = group_->cuda_device();
+  message_device_ = module_device_.is_cuda() && cuda && module_device_.index() == cuda->index() ? *cuda
+                                                                                               : c10::Device(c10::kCPU);
+  comm::Agreement("pp: the stages being made")
+      .field("number of stages", num_stages_)
+      .field("stage (of each process's, in order)", p > 0 && index_ >= 0 ? std::to_string(index_ / p) : "none")
+      .field("message device", message_device_.is_cuda() ? "cuda (NCCL)" : "cpu")
+      .check(*group_);
   TANDEM_CHECK(num_stages_ >= 1 && index_ >= 0 && index_ < num_stages_, "pp: stage ", index_, " of ", num_stages_,
                " does not exist (stages are numbered 0 to ", num_stages_ - 1, ")");
-  TANDEM_CHECK(num_stages_ % group_->size() == 0, "pp: ", num_stages_, " stages do not divide among the ",
-               group_->size(), " processes of the pipeline group (each process holds the same number of stages)");
+  TANDEM_CHECK(num_stages_ % p == 0, "pp: ", num_stages_, " stages do not divide among the ", p,
+               " processes of the pipeline group (each process holds the same number of stages)");
   TANDEM_CHECK(group_->rank() == rank_of(index_), "pp: stage ", index_, " runs on rank ", rank_of(index_),
-               " of its pipeline group (", index_, " mod ", group_->size(), "), but this process is rank ",
-               group_->rank());
+               " of its pipeline group (", index_, " mod ", p, "), but this process is rank ", group_->rank());
 }
 
-void Stage::send_activation(const at::Tensor& activation, int microbatch) {
+std::vector<comm::P2POp> Stage::activation_sends(const at::Tensor& activation, int64_t rows) {
   TANDEM_CHECK(!is_last(), "pp: the last stage has no next stage to send to");
   TANDEM_CHECK(activation.dim() <= kMaxDims, "pp: an activation of ", activation.dim(), " dimensions (at most ",
                kMaxDims, ")");
-  at::Tensor values = activation.detach().contiguous();
-  at::Tensor header = at::zeros({kHeaderLength}, at::TensorOptions().dtype(at::kLong).device(values.device()));
-  std::vector<int64_t> fields{values.dim(), static_cast<int64_t>(values.scalar_type())};
-  for (int64_t d = 0; d < values.dim(); ++d) fields.push_back(values.size(d));
-  header.narrow(0, 0, static_cast<int64_t>(fields.size()))
-      .copy_(at::tensor(fields, at::kLong));
+  at::Tensor values = activation.detach().to(message_device_).contiguous();
   const int to = rank_of(index_ + 1);
-  auto& sends = activation_sends_[microbatch];
-  sends.push_back({group_->isend(header, to, activation_tag(index_)), header});
-  sends.push_back({group_->isend(values, to, activation_tag(index_)), values});
+  std::vector<comm::P2POp> ops;
+  const std::vector<int64_t> sizes = values.sizes().vec();
+  auto known = sent_shapes_.find(rows);
+  if (known == sent_shapes_.end()) {
+    std::vector<int64_t> fields{values.dim(), static_cast<int64_t>(values.scalar_type())};
+    fields.insert(fields.end(), sizes.begin(), sizes.end());
+    fields.resize(kHeaderLength, 0);
+    ops.push_back(comm::P2POp::send(at::tensor(fields, at::kLong).to(message_device_), to));
+    sent_shapes_[rows] = {sizes, values.scalar_type()};
+  } else {
+    TANDEM_CHECK(known->second.sizes == sizes && known->second.dtype == values.scalar_type(), "pp: stage ", index_,
+                 "'s output for a microbatch of ", rows, " samples is ", shape_text(sizes, values.scalar_type()),
+                 ", where an earlier one of that size was ", shape_text(known->second.sizes, known->second.dtype),
+                 ": a stage's output keeps one shape per microbatch size (Note [Activation shapes])");
+  }
+  ops.push_back(comm::P2POp::send(values, to));
+  return ops;
 }
 
-at::Tensor Stage::recv_activation() {
-  TANDEM_CHECK(!is_first(), "pp: the first stage has no previous stage to receive from");
-  const c10::Device device = device_of(*group_);
-  at::Tensor header = at::empty({kHeaderLength}, at::TensorOptions().dtype(at::kLong).device(device));
-  const int from = rank_of(index_ - 1);
-  group_->recv(header, from, activation_tag(index_ - 1));
-  const at::Tensor fields = header.cpu();
-  const int64_t dims = fields[0].item<int64_t>();
-  TANDEM_CHECK(dims >= 0 && dims <= kMaxDims, "pp: stage ", index_, " received a malformed activation header (",
-               dims, " dimensions)");
-  std::vector<int64_t> sizes;
-  for (int64_t d = 0; d < dims; ++d) sizes.push_back(fields[2 + d].item<int64_t>());
-  const auto dtype = static_cast<at::ScalarType>(fields[1].item<int64_t>());
-  at::Tensor values = at::empty(sizes, at::TensorOptions().dtype(dtype).device(device));
-  group_->recv(values, from, activation_tag(index_ - 1));
-  return values;
-}
-
-void Stage::send_gradient(const at::Tensor& grad, int microbatch) {
+std::vector<comm::P2POp> Stage::gradient_sends(const at::Tensor& grad) {
   TANDEM_CHECK(!is_first(), "pp: the first stage has no previous stage to send a gradient to");
-  at::Tensor values = grad.detach().contiguous();
-  gradient_sends_[microbatch].push_back({group_->isend(values, rank_of(index_ - 1), gradient_tag(index_)), values});
+  return {comm::P2POp::send(grad.detach().to(message_device_).contiguous(), rank_of(index_ - 1))};
 }
 
-at::Tensor Stage::recv_gradient(const at::Tensor& like) {
+Stage::Receive Stage::activation_receive(int64_t rows) {
+  TANDEM_CHECK(!is_first(), "pp: the first stage has no previous stage to receive from");
+  const int from = rank_of(index_ - 1);
+  auto known = received_shapes_.find(rows);
+  if (known == received_shapes_.end()) {
+    at::Tensor header = at::empty({kHeaderLength}, at::TensorOptions().dtype(at::kLong).device(message_device_));
+    return {comm::P2POp::recv(header, from), true};
+  }
+  at::Tensor values = at::empty(known->second.sizes, at::TensorOptions().dtype(known->second.dtype).device(message_device_));
+  return {comm::P2POp::recv(values, from), false};
+}
+
+comm::P2POp Stage::activation_after_header(const at::Tensor& header, int64_t rows) {
+  const at::Tensor fields = header.cpu();  // once per microbatch size (Note [Activation shapes])
+  const int64_t* f = fields.data_ptr<int64_t>();
+  TANDEM_CHECK(f[0] >= 0 && f[0] <= kMaxDims, "pp: stage ", index_, " received a malformed activation header (",
+               f[0], " dimensions)");
+  Shape shape{std::vector<int64_t>(f + 2, f + 2 + f[0]), static_cast<at::ScalarType>(f[1])};
+  received_shapes_[rows] = shape;
+  at::Tensor values = at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype).device(message_device_));
+  return comm::P2POp::recv(values, rank_of(index_ - 1));
+}
+
+comm::P2POp Stage::gradient_receive(const at::Tensor& like) {
   TANDEM_CHECK(!is_last(), "pp: the last stage has no next stage to receive a gradient from");
-  at::Tensor values = at::empty(like.sizes(), like.options().device(device_of(*group_)));
-  group_->recv(values, rank_of(index_ + 1), gradient_tag(index_ + 1));
-  return values.to(like.device());
+  return comm::P2POp::recv(at::empty(like.sizes(), like.options().device(message_device_)), rank_of(index_ + 1));
+}
+
+void Stage::keep_sends(bool gradient, int microbatch, std::vector<c10::intrusive_ptr<c10d::Work>> works,
+                       std::vector<at::Tensor> tensors) {
+  auto& kept = (gradient ? gradient_sends_ : activation_sends_)[microbatch];
+  for (size_t i = 0; i < works.size(); ++i) kept.push_back({works[i], tensors[i]});
 }
 
 // Note [The first failed stage]

@@ -462,3 +462,4 @@ TEST(NcclSubgroups, CollectivesAndPointToPointOnCudaTensors) {
 }
 
 int main(int argc, char** argv) { return tandem::test::distributed_test_main(argc, argv); }
+

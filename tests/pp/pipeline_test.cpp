@@ -681,6 +681,31 @@ TEST(AcceleratorPipeline, DdpCheckpointsLoadAtAnotherPipelineSize) { pipeline_ch
 
 TEST(AcceleratorPipeline, FsdpCheckpointsLoadAtAnotherPipelineSize) { pipeline_checkpoint(tandem::Strategy::Fsdp); }
 
+// Agreement before waiting: stages and schedules that differ between processes stop every process
+// at once with one line naming the field, each value and its ranks (not a timeout, not a shape
+// error on one of them).
+TEST(PipelineErrors, DisagreementsBetweenProcessesAreOneLineOnEveryOne) {
+  const int p = W();
+  if (p < 2) GTEST_SKIP() << "needs two processes";
+  std::string others = p == 2 ? "rank 1" : "ranks 1";
+  for (int r = 2; r < p; ++r) others += ", " + std::to_string(r);
+  torch::nn::Sequential part = stage_part(whole_model(p), R());
+  const auto loss = [](const at::Tensor& o, const at::Tensor& t) { return at::mse_loss(o, t); };
+  EXPECT_ERROR(pp::Stage(part, R(), R() == 0 ? p : 2 * p, shared_pg()),
+               "pp: the stages being made: the ranks of the world group disagree on number of stages: " +
+                   std::to_string(p) + " on rank 0; " + std::to_string(2 * p) + " on " + others);
+  pp::Stage stage(part, R(), p, shared_pg());
+  EXPECT_ERROR(pp::Schedule1F1B(stage, R() == 0 ? p : 2 * p, loss),
+               "pp: the schedule: the ranks of the world group disagree on microbatches: " + std::to_string(p) +
+                   " on rank 0; " + std::to_string(2 * p) + " on " + others);
+  auto make = [&]() -> std::unique_ptr<pp::Schedule> {
+    if (R() == 0) return std::make_unique<pp::ScheduleGPipe>(stage, p, loss);
+    return std::make_unique<pp::Schedule1F1B>(stage, p, loss);
+  };
+  EXPECT_ERROR(make(), "pp: the schedule: the ranks of the world group disagree on kind: GPipe on rank 0; 1F1B on " +
+                           others);
+}
+
 TEST(PipelineErrors, BadMicrobatchCountsBatchesAndPlacementsAreOneLineErrors) {
   const int p = W();
   torch::nn::Sequential part = stage_part(whole_model(p), R());
@@ -691,12 +716,19 @@ TEST(PipelineErrors, BadMicrobatchCountsBatchesAndPlacementsAreOneLineErrors) {
                  "pp: 1F1B with " + std::to_string(p - 1) + " microbatches over " + std::to_string(p) +
                      " processes: a pipeline needs at least as many microbatches as processes to fill");
   }
-  // A batch smaller than the microbatches: refused on the stages that read it, before any message.
+  // A batch smaller than the microbatches: refused on every stage (they agree on the batch size
+  // first), before any message; the middle stages, which do not read it, too.
   pp::ScheduleGPipe schedule(stage, 2 * p, loss);
   auto [x, y] = batch(2 * p - 1, 7);
-  if (stage.is_first() || stage.is_last()) {
-    EXPECT_ERROR(schedule.step(x, y), "pp: a batch of " + std::to_string(2 * p - 1) + " in " + std::to_string(2 * p) +
-                                          " microbatches: each needs at least one sample");
+  EXPECT_ERROR(schedule.step(stage.is_first() ? x : at::Tensor(), stage.is_last() ? y : at::Tensor()),
+               "pp: a batch of " + std::to_string(2 * p - 1) + " in " + std::to_string(2 * p) +
+                   " microbatches: each needs at least one sample");
+  // Inputs and targets of different sizes: every stage names both.
+  if (p > 1) {
+    auto [x8, y8] = batch(2 * p + 2, 8);
+    EXPECT_ERROR(schedule.step(stage.is_first() ? x8 : at::Tensor(), stage.is_last() ? y : at::Tensor()),
+                 "pp: the first stage (rank 0) has a batch of " + std::to_string(2 * p + 2) + " samples and the last "
+                 "(rank " + std::to_string(p - 1) + ") " + std::to_string(2 * p - 1) + " targets");
   }
   EXPECT_ERROR(pp::Stage(part, 2 * p, 2 * p, shared_pg()),
                "pp: stage " + std::to_string(2 * p) + " of " + std::to_string(2 * p) +

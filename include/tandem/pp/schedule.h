@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include <ATen/core/Reduction.h>
@@ -69,6 +70,39 @@ struct Action {
 std::vector<Action> gpipe_actions(int processes, int rank, int microbatches);
 std::vector<Action> one_f_one_b_actions(int processes, int rank, int microbatches);
 std::vector<Action> interleaved_actions(int processes, int stages_per_process, int rank, int microbatches);
+
+/// One message of a step between two processes: the activation stage `from` sends to stage
+/// from + 1 (forward), or the gradient it sends back to stage from - 1, of `microbatch`.
+struct Message {
+  bool gradient = false;
+  int from = 0;
+  int microbatch = 0;
+  bool operator==(const Message& o) const {
+    return gradient == o.gradient && from == o.from && microbatch == o.microbatch;
+  }
+  bool operator<(const Message& o) const {
+    return std::tie(gradient, from, microbatch) < std::tie(o.gradient, o.from, o.microbatch);
+  }
+};
+/// A message as one process sees it: sent to, or received from, `peer`.
+struct Transfer {
+  Message message;
+  int peer = 0;
+  bool send = false;
+};
+/// One step of a process's plan (Note [Batched exchanges] in schedule.cpp): its action at that
+/// step of the pipeline's grid, if any (an index into its order), then the batch of messages
+/// every process exchanges at that step: what its action produced, and what its neighbours'
+/// actions at that step produced for it.
+struct PlanStep {
+  std::optional<size_t> action;
+  std::vector<Transfer> batch;
+};
+/// Process `rank`'s plan, given every process's order (`order(r)`) in a pipeline of `processes`
+/// processes and `stages` stages. Messages between stages of the same process are handed over in
+/// memory and are not in it. Throws tandem::Error when the orders cannot all run.
+std::vector<PlanStep> exchange_plan(const std::function<std::vector<Action>(int rank)>& order, int processes,
+                                    int stages, int rank);
 
 /// What the last step() measured on this process (Note [Step measurements] in schedule.cpp).
 struct StepMeasurement {
@@ -132,15 +166,28 @@ class Schedule {
   std::unique_ptr<CpuMemoryTracker> memory_;  // with track_memory
   Stage& stage(int index) const;
   bool holds(int index) const;
-  /// The input of forward `a`: stage 0's microbatch, or what the previous stage handed over in
-  /// memory or sent. Its wait counts as blocked.
+  std::vector<PlanStep> plan_;                       // Note [Batched exchanges]
+  std::function<std::vector<Action>(int rank)> order_;  // every process's order (evaluate() reads the forwards)
+  /// Every stage's batch size for this step (or evaluate()): the first stage's inputs, checked
+  /// against the last stage's targets (-1: none here), agreed by one all-gather over the group so
+  /// that every stage knows every microbatch's size and a bad batch stops every stage at once.
+  void agree_on_batch(State& state, int64_t inputs, int64_t targets) const;
+  /// Runs `plan` (step()'s, or evaluate()'s forwards) over `actions`.
+  void run_plan(const std::vector<PlanStep>& plan, const std::vector<Action>& actions, State& state, bool evaluating,
+                std::vector<at::Tensor>* outputs);
+  /// Issues one step's batch: the sends waiting in `state` and the receives it names, which go
+  /// to `state`'s mailbox.
+  void exchange(const std::vector<Transfer>& batch, State& state);
+  /// The message `m` from the mailbox, waited for (counted as blocked), on the stage's device.
+  at::Tensor take_message(const Message& m, State& state);
+  /// The input of forward `a`: stage 0's microbatch, what the previous stage handed over in
+  /// memory, or its message.
   at::Tensor input_of(const Action& a, State& state);
-  /// Hands forward `a`'s output to the next stage: in memory (a copy, as a message is) or sent.
+  /// Hands forward `a`'s output to the next stage: in memory (a copy, as a message is) or by the
+  /// next exchange.
   void pass_on(const Action& a, const at::Tensor& y, State& state);
   /// The next tensor handed over in memory to `a`'s stage.
   static at::Tensor take(std::map<int, std::deque<at::Tensor>>& box, const Action& a);
-  /// `receive()`, its time counted as blocked on a neighbour.
-  static at::Tensor blocked(State& state, const std::function<at::Tensor()>& receive);
   /// One action of step(), with what its backward needs kept in `state`.
   void run(const Action& a, State& state);
 };

@@ -13,10 +13,12 @@
 //
 // Stage s runs on rank s mod P of a group of P processes: one stage per process when there are as
 // many stages as processes, or several (s = r, r + P, r + 2P, ...: the looped placement of
-// interleaved 1F1B). Activations travel forward from stage s to s + 1 as one message of their
-// shape and dtype and one of their values; their gradients travel back, the shape already known.
-// Each stage boundary and direction has its own tag (Note [Stage tags] in stage.cpp). A stage's
-// module takes one tensor and returns one.
+// interleaved 1F1B). Activations travel forward from stage s to s + 1, their gradients back; the
+// shape of an activation goes once per microbatch size (Note [Activation shapes] in stage.cpp).
+// Messages carry no tags that matter: between two processes they are one stream, in the order the
+// schedules issue them, as on NCCL. A stage's module takes one tensor and returns one. Making a
+// stage is collective over its group: the stages check that they agree on the pipeline (stage
+// index, count, message device) before any message waits on a disagreement.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -96,16 +98,35 @@ class Stage {
 
   const DataParallelSync& data_parallel_sync() const { return sync_; }
 
-  // The messages between neighbours (the schedules' building blocks). A send is asynchronous:
-  // its tensors are kept until it is released (Note [Releasing sends] in stage.cpp).
-  /// Sends `activation`, of `microbatch`, to the next stage.
-  void send_activation(const at::Tensor& activation, int microbatch);
-  /// Receives the previous stage's activation, of the shape and dtype it announces.
-  at::Tensor recv_activation();
-  /// Sends `grad` (the gradient of this stage's input), of `microbatch`, to the previous stage.
-  void send_gradient(const at::Tensor& grad, int microbatch);
-  /// Receives the gradient of this stage's output `like` (its shape and dtype) from the next stage.
-  at::Tensor recv_gradient(const at::Tensor& like);
+  /// The device its messages travel on, the same kind on every stage (checked when the stages are
+  /// made): this rank's CUDA device where the module is on it and the group's NCCL is bound to it,
+  /// else the CPU (Gloo or MPI), whatever devices the group has.
+  const c10::Device& message_device() const { return message_device_; }
+  /// Where the module computes (its first parameter's device, else the CPU): received tensors go there.
+  const c10::Device& module_device() const { return module_device_; }
+
+  // The messages between neighbours (the schedules' building blocks). A schedule issues them in
+  // batches (Note [Batched exchanges] in schedule.cpp); a send's tensors are kept until it is
+  // released (Note [Releasing sends] in stage.cpp).
+  /// The sends of `activation`, of a microbatch of `rows` samples, to the next stage: its values,
+  /// led by a header the first time a microbatch of that many rows goes (Note [Activation shapes]).
+  std::vector<comm::P2POp> activation_sends(const at::Tensor& activation, int64_t rows);
+  /// The send of `grad` (the gradient of this stage's input) to the previous stage.
+  std::vector<comm::P2POp> gradient_sends(const at::Tensor& grad);
+  /// The receive of the previous stage's activation of a microbatch of `rows` samples: into a
+  /// buffer of its shape when that is known, else of its header first (`header_first`); then
+  /// activation_after_header() gives the values' receive.
+  struct Receive {
+    comm::P2POp op;
+    bool header_first = false;
+  };
+  Receive activation_receive(int64_t rows);
+  comm::P2POp activation_after_header(const at::Tensor& header, int64_t rows);
+  /// The receive of the gradient of this stage's output `like` (its shape and dtype).
+  comm::P2POp gradient_receive(const at::Tensor& like);
+  /// Keeps the works of sends issued for `microbatch`'s activation (or gradient) until released.
+  void keep_sends(bool gradient, int microbatch, std::vector<c10::intrusive_ptr<c10d::Work>> works,
+                  std::vector<at::Tensor> tensors);
   /// Waits for the send of `microbatch`'s activation and lets its tensors go (call it once the
   /// next stage is known to have received it).
   void release_activation_send(int microbatch);
@@ -123,6 +144,14 @@ class Stage {
   int index_, num_stages_;
   Group group_;
   DataParallelSync sync_;
+  c10::Device message_device_{c10::kCPU}, module_device_{c10::kCPU};
+  /// Note [Activation shapes]: by microbatch rows, the sizes and dtype of the activations sent
+  /// (to the next stage) and received (from the previous one).
+  struct Shape {
+    std::vector<int64_t> sizes;
+    at::ScalarType dtype;
+  };
+  std::map<int64_t, Shape> sent_shapes_, received_shapes_;
   struct Send {
     c10::intrusive_ptr<c10d::Work> work;
     at::Tensor tensor;  // kept alive until the send completes
