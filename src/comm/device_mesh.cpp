@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "tandem/comm/agreement.h"
 #include "tandem/error.h"
 
 namespace tandem::comm {
@@ -45,6 +46,10 @@ int64_t index_without(const std::vector<int64_t>& coordinate, const std::vector<
 
 DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> pg, std::vector<int64_t> shape, std::vector<std::string> names) {
   TANDEM_CHECK(pg, "DeviceMesh: no process group");
+  // Every rank must build the same mesh (Note [Agreement before waiting] in docs/design/comm.md):
+  // a rank with another shape would split its groups differently and wait in them forever. First,
+  // so that the checks below fail on every rank or none.
+  Agreement("DeviceMesh").field("shape", shape_text(shape)).field("dimension names", join(names)).check(*pg);
   TANDEM_CHECK(!shape.empty(), "DeviceMesh: the shape is empty; give one size per dimension, e.g. {2, 2}");
   TANDEM_CHECK(names.size() == shape.size(), "DeviceMesh: shape ", shape_text(shape), " has ", shape.size(),
                " dimension(s) but ", names.size(), " name(s) were given (", join(names), ")");
@@ -94,8 +99,12 @@ int64_t DeviceMesh::size() const {
 
 std::string DeviceMesh::dims_text() const {
   std::vector<std::string> all;
-  for (const auto& d : root_->dims) all.push_back(d.name);
-  for (const auto& d : root_->flattened) all.push_back(d.name);
+  if (dims_.size() == root_->dims.size()) {  // the whole mesh, and what was flattened from it
+    for (const auto& d : root_->dims) all.push_back(d.name);
+    for (const auto& d : root_->flattened) all.push_back(d.name);
+  } else {
+    for (const auto& d : dims_) all.push_back(d.name);
+  }
   return join(all);
 }
 
@@ -103,13 +112,16 @@ const DeviceMesh::Dim& DeviceMesh::find(const std::string& dim) const {
   for (const auto& d : dims_) {
     if (d.name == dim) return d;
   }
-  for (const auto& d : root_->dims) {
-    if (d.name == dim) return d;
+  // The whole mesh also answers for the dimensions flattened from it; a sub-mesh only for its own
+  // (PyTorch's mesh["dp"]["tp"] is an error too).
+  const bool whole = dims_.size() == root_->dims.size();
+  if (whole) {
+    for (const auto& d : root_->flattened) {
+      if (d.name == dim) return d;
+    }
   }
-  for (const auto& d : root_->flattened) {
-    if (d.name == dim) return d;
-  }
-  throw Error("DeviceMesh has no dimension '" + dim + "' (its dimensions: " + dims_text() + ")");
+  throw Error("DeviceMesh" + std::string(whole ? "" : " (a sub-mesh)") + " has no dimension '" + dim +
+              "' (its dimensions: " + dims_text() + ")");
 }
 
 int64_t DeviceMesh::size(const std::string& dim) const { return find(dim).size; }

@@ -240,6 +240,28 @@ TEST(DeviceMesh, BadShapesAreOneLineErrors) {
                "DeviceMesh: the sub-mesh (tp, dp) must list its dimensions in the mesh's order (dp, tp)");
   EXPECT_ERROR(mesh.group(), "DeviceMesh::group(): the mesh has 2 dimensions; name one (dp, tp)");
   EXPECT_ERROR(mesh.flatten({"dp", "tp"}, "tp"), "DeviceMesh::flatten: 'tp' already names a dimension (dp, tp)");
+  // A sub-mesh has only its own dimensions (PyTorch: mesh["dp"]["tp"] is an error too).
+  EXPECT_ERROR(mesh["dp"]["tp"], "DeviceMesh (a sub-mesh) has no dimension 'tp' (its dimensions: dp)");
+  EXPECT_ERROR(mesh["dp"].size("tp"), "DeviceMesh (a sub-mesh) has no dimension 'tp' (its dimensions: dp)");
+}
+
+// Agreement before waiting: ranks that build different meshes stop at once, every one of them,
+// with the shapes and the ranks named (not a hang in a group only some of them made).
+TEST(DeviceMesh, ShapesThatDifferBetweenRanksAreOneLineOnEveryRank) {
+  if (W() < 2) GTEST_SKIP() << "needs two ranks";
+  std::string others = W() == 2 ? "rank 1" : "ranks 1";
+  for (int r = 2; r < W(); ++r) others += ", " + std::to_string(r);
+  const std::string w = std::to_string(W());
+  EXPECT_ERROR(DeviceMesh(shared_pg(), R() == 0 ? std::vector<int64_t>{W(), 1} : std::vector<int64_t>{1, W()},
+                          {"dp", "tp"}),
+               "DeviceMesh: the ranks of the world group disagree on shape: [" + w + ", 1] on rank 0; [1, " + w +
+                   "] on " + others);
+  EXPECT_ERROR(DeviceMesh(shared_pg(), {W(), 1}, R() == 0 ? std::vector<std::string>{"dp", "tp"}
+                                                          : std::vector<std::string>{"tp", "dp"}),
+               "DeviceMesh: the ranks of the world group disagree on dimension names: dp, tp on rank 0; tp, dp on " +
+                   others);
+  DeviceMesh fine(shared_pg(), {W(), 1}, {"dp", "tp"});  // and they go on together
+  EXPECT_EQ(fine.size("dp"), W());
 }
 
 TEST(PointToPoint, RingExchangeInOneBatch) {
