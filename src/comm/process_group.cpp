@@ -245,6 +245,11 @@ uint64_t ProcessGroup::last_sequence_number() const {
   return last_seq_;
 }
 
+int64_t ProcessGroup::count_object(const std::string& kind) {
+  std::lock_guard<std::mutex> hold(calls_mutex_);
+  return objects_[kind]++;
+}
+
 ProcessGroup::Traffic ProcessGroup::traffic() const {
   std::lock_guard<std::mutex> hold(calls_mutex_);
   return traffic_;

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "tandem/comm/agreement.h"
 #include "tandem/ddp/model_check.h"
 #include "tandem/error.h"
 #include "tandem/host_allocator.h"
@@ -29,6 +30,18 @@ DdpCore::DdpCore(torch::nn::Module& module, std::shared_ptr<comm::ProcessGroup> 
     all_names.push_back(item.key());
   }
   state_ = all_state;
+  // Note [Agreement before waiting] (docs/design/comm.md): the same DDP object, with the same
+  // options, on every rank, before anything waits on the others.
+  comm::Agreement("ddp: the DistributedDataParallel being made")
+      .field("DDP objects made on this group before it", pg_->count_object("ddp"))
+      .field("bucket_cap_mb", std::to_string(options_.bucket_cap_mb()))
+      .field("first_bucket_mb", std::to_string(options_.first_bucket_mb()))
+      .field("find_unused_parameters", options_.find_unused_parameters() ? "true" : "false")
+      .field("static_graph", options_.static_graph() ? "true" : "false")
+      .field("broadcast_buffers", options_.broadcast_buffers() ? "true" : "false")
+      .field("gradient_as_bucket_view", options_.gradient_as_bucket_view() ? "true" : "false")
+      .field("init_sync", options_.init_sync() ? "true" : "false")
+      .check(*pg_);
   verify_placement(*pg_, all_state, all_names);
   if (options_.init_sync() && pg_->size() > 1) {
     verify_same_model(*pg_, parameters, names);

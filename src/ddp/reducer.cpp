@@ -86,15 +86,13 @@ class OutputReached : public torch::autograd::FunctionPreHook {
   std::function<void()> fn_;
 };
 
-std::atomic<int64_t> g_reducers{0};
-
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
                  std::shared_ptr<comm::ProcessGroup> pg, DistributedDataParallelOptions options)
     : parameters_(std::move(parameters)), names_(std::move(names)), pg_(std::move(pg)), options_(options),
       reduction_(std::make_unique<detail::AllReduceBuckets>(pg_, options_, parameters_.size())),
-      anchor_(std::make_shared<Anchor>()), instance_(g_reducers++) {
+      anchor_(std::make_shared<Anchor>()), instance_(pg_->count_object("ddp reducer")) {
   TANDEM_CHECK(!parameters_.empty(), "DDP: the module has no parameter that requires a gradient");
   for (size_t i = 0; i < parameters_.size(); ++i) {
     TANDEM_CHECK(parameters_[i].is_contiguous(), "DDP: parameter ", i, " ('", names_[i], "') is not contiguous");

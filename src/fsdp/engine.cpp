@@ -56,6 +56,7 @@
 #include "ddp/failed_backward.h"
 #include "common/ready_hook.h"
 #include "fsdp/unit_shard.h"
+#include "tandem/comm/agreement.h"
 #include "tandem/comm/device_mesh.h"
 #include "tandem/error.h"
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
@@ -82,8 +83,6 @@ class BeforeBackward : public torch::autograd::FunctionPreHook {
 };
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-std::atomic<int64_t> g_engines{0};
 
 }  // namespace
 
@@ -234,9 +233,30 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
   }
   std::shared_ptr<Engine> engine(new Engine());
   State& s = *engine->s_;
-  s.instance = g_engines++;
   s.pg = std::move(pg);
   s.options = options;
+  // Note [Agreement before waiting] (docs/design/comm.md): the same FSDP object, with the same
+  // options, on every rank of the shard group, before anything waits on the others.
+  s.instance = s.pg->count_object("fsdp");
+  auto dtype_text = [](const std::optional<at::ScalarType>& d) { return d ? std::string(c10::toString(*d)) : "none"; };
+  int64_t tensors = 0, values = 0;
+  for (const auto& p : root.parameters()) {
+    ++tensors;
+    values += p.numel();
+  }
+  comm::Agreement("fsdp: the FullyShardedDataParallel being made")
+      .field("FSDP objects made on this group before it", s.instance)
+      .field("parameters", std::to_string(tensors) + " tensors of " + std::to_string(values) + " values")
+      .field("reshard_after_forward", options.reshard_after_forward() ? "true" : "false")
+      .field("prefetch", options.prefetch() ? "true" : "false")
+      .field("sync_module_states", options.sync_module_states() ? "true" : "false")
+      .field("mixed precision (param, reduce, output)", dtype_text(policy.param_dtype()) + ", " +
+                                                           dtype_text(policy.reduce_dtype()) + ", " +
+                                                           dtype_text(policy.output_dtype()))
+      .field("replicate group size", options.replicate_group() ? options.replicate_group()->size() : 1)
+      .field("auto wrap", options.auto_wrap() ? "set" : "none")
+      .field("activation checkpointing", options.activation_checkpointing() ? "set" : "none")
+      .check(*s.pg);
   // HSDP's replicas; a replicate group of one is plain FSDP.
   comm::ProcessGroup* replicas =
       options.replicate_group() && options.replicate_group()->size() > 1 ? options.replicate_group().get() : nullptr;

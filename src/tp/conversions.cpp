@@ -57,8 +57,16 @@ at::Tensor Conversions::shared(const at::Tensor& x, Kind kind, int64_t dim) {
 at::Tensor Conversions::input(const at::Tensor& x, const comm::Placement& from, const comm::Placement& to,
                               const std::string& module, bool differentiable) {
   using Kind_ = comm::Placement::Kind;
-  TANDEM_CHECK(from.kind != Kind_::Partial && to.kind != Kind_::Partial, "tp: '", module,
-               "': an input layout Partial(): inputs are Replicate() or Shard(d)");
+  TANDEM_CHECK(to.kind != Kind_::Partial, "tp: '", module,
+               "': a desired input layout Partial(): a module takes Replicate() or Shard(d)");  // styles check first
+  if (from.kind == Kind_::Partial) {
+    // Each rank holds a summand (PyTorch's PrepareModuleInput from Partial): reduced as an output
+    // is, all-reduce to Replicate or reduce-scatter to Shard(d); the gradient goes back as it
+    // came (DTensor keeps a Partial's gradient Replicate).
+    TANDEM_CHECK(differentiable, "tp: '", module, "': a Partial() input of integers (token ids cannot be summed)");
+    if (to.kind == Kind_::Replicate) return reduce_from(x, group_);
+    return reduce_scatter(x, positive(to.dim, x), group_);
+  }
   if (from.kind == Kind_::Replicate) check_replicated(x, module);
   if (!differentiable) {  // token ids: moved as they are, no gradient to carry
     if (from == to) return x;

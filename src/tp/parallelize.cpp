@@ -10,6 +10,7 @@
 
 #include "apply_style.h"
 #include "conversions.h"
+#include "tandem/comm/agreement.h"
 #include "tandem/error.h"
 #include "tandem/nn/hookable.h"
 
@@ -70,8 +71,22 @@ Placement Layout::placement(const std::string& name) const {
 
 Layout parallelize(torch::nn::Module& module, Group group, const Plan& plan) {
   TANDEM_CHECK(group, "tp: parallelize needs a process group");
-  TANDEM_CHECK(!plan.empty(), "tp: an empty plan");
   const auto modules = module.named_modules("", /*include_self=*/false);
+  // Note [Agreement before waiting] (docs/design/comm.md): one plan, one model, on every rank of
+  // the group, before the checks below (which must fail on every rank or none) and any collective.
+  std::string entries;
+  for (const auto& [pattern, style] : plan) entries += (entries.empty() ? "" : ", ") + pattern + ": " + style_name(style);
+  int64_t tensors = 0, values = 0;
+  for (const auto& p : module.parameters()) {
+    ++tensors;
+    values += p.numel();
+  }
+  comm::Agreement("tp: the plan")
+      .field("plan", entries.empty() ? "(empty)" : entries)
+      .field("model", std::to_string(modules.size()) + " modules, " + std::to_string(tensors) + " parameters of " +
+                          std::to_string(values) + " values")
+      .check(*group);
+  TANDEM_CHECK(!plan.empty(), "tp: an empty plan");
   // Each plan entry's modules, checked before anything is cut.
   struct Target {
     std::string name;

@@ -169,6 +169,10 @@ struct Applier {
     TANDEM_CHECK(s.input_layouts().size() == s.desired_input_layouts().size(), "tp: '", name,
                  "': PrepareModuleInput has ", s.input_layouts().size(), " input layouts and ",
                  s.desired_input_layouts().size(), " desired ones");
+    for (const Placement& desired : s.desired_input_layouts()) {
+      TANDEM_CHECK(desired.kind != Kind::Partial, "tp: '", name,
+                   "': a desired input layout Partial(): a module takes Replicate() or Shard(d)");
+    }
     auto conv = conversions;
     const std::string where = name;
     auto from = s.input_layouts(), to = s.desired_input_layouts();
@@ -179,7 +183,7 @@ struct Applier {
         if (from[position].kind == Kind::Replicate) conv->check_replicated(x, where);
         return x;
       }
-      if (to[position].kind == Kind::Replicate && differentiable) {
+      if (to[position].kind == Kind::Replicate && differentiable && from[position].kind != Kind::Partial) {
         // The module computes on the whole tensor and returns its whole gradient: each rank keeps its chunk.
         return gather_from(x, from[position].dim, conv->group());
       }

@@ -613,6 +613,19 @@ TEST(DdpErrors, ADifferentParameterCountIsNamed) {
                "DDP: ranks hold different models: rank 0 has 2 parameters that require gradients, rank 1 has 4");
 }
 
+// Agreement before waiting: DDP objects with other options on some ranks (the buckets would differ,
+// and the all-reduces with them) stop every rank at once, naming the option, the values and ranks.
+TEST(DdpErrors, OptionsThatDifferBetweenRanksAreOneLineOnEveryRank) {
+  if (W() < 2) GTEST_SKIP() << "needs two ranks";
+  std::string others = W() == 2 ? "rank 1" : "ranks 1";
+  for (int r = 2; r < W(); ++r) others += ", " + std::to_string(r);
+  torch::nn::Sequential net(torch::nn::Linear(2, 2));
+  EXPECT_ERROR(DistributedDataParallel(net, test::shared_pg(),
+                                       DistributedDataParallelOptions().find_unused_parameters(R() == 0)),
+               "ddp: the DistributedDataParallel being made: the ranks of the world group disagree on "
+               "find_unused_parameters: true on rank 0; false on " + others);
+}
+
 TEST(DdpErrors, AParameterOnAnotherDeviceIsNamed) {
   torch::nn::Sequential net(torch::nn::Linear(2, 2));
   net->register_parameter("stray", at::zeros({2}, at::TensorOptions().device(at::kMeta)));

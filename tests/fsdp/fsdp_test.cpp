@@ -998,3 +998,26 @@ int main(int argc, char** argv) {
   };
   return tandem::test::distributed_test_main(argc, argv, scenarios);
 }
+
+// Agreement before waiting: FSDP objects whose options or models differ between ranks stop every
+// rank at once, naming the field, the values and the ranks (not a hang in mismatched gathers).
+TEST(Fsdp, OptionsOrModelsThatDifferBetweenRanksAreOneLineOnEveryRank) {
+  const int world = tandem::test::pg().size(), rank = tandem::test::pg().rank();
+  if (world < 2) GTEST_SKIP() << "needs two ranks";
+  std::string others = world == 2 ? "rank 1" : "ranks 1";
+  for (int r = 2; r < world; ++r) others += ", " + std::to_string(r);
+  auto net = nn::Sequential(nn::Linear(3, 4), nn::Tanh(), nn::Linear(4, 2));
+  EXPECT_ERROR(fsdp::FullyShardedDataParallel(net, shared_pg(),
+                                              fsdp::FullyShardOptions().reshard_after_forward(rank != 0)),
+               "fsdp: the FullyShardedDataParallel being made: the ranks of the world group disagree on "
+               "reshard_after_forward: false on rank 0; true on " + others);
+  auto other = rank == 0 ? nn::Sequential(nn::Linear(3, 4)) : nn::Sequential(nn::Linear(3, 4), nn::Linear(4, 2));
+  EXPECT_ERROR(fsdp::FullyShardedDataParallel(other, shared_pg()),
+               "fsdp: the FullyShardedDataParallel being made: the ranks of the world group disagree on parameters: "
+               "2 tensors of 16 values on rank 0; 4 tensors of 26 values on " + others);
+  // An FSDP object one rank alone made on a group of its own does not shift the others' count.
+  auto alone = tandem::test::pg().split(rank, "alone");
+  if (rank == 0) fsdp::FullyShardedDataParallel solo(nn::Sequential(nn::Linear(2, 2)), alone);
+  fsdp::FullyShardedDataParallel together(net, shared_pg());
+  EXPECT_EQ(together->forward(at::ones({2, 3})).size(1), 2);
+}

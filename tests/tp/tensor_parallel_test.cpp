@@ -765,6 +765,44 @@ TEST(TensorParallelErrors, ATensorCutTwiceAndABadPlanLeavesTheModelWhole) {
   EXPECT_FALSE(net->ptr<tandem::nn::HookableImpl>(0)->has_hooks());
 }
 
+// Agreement before waiting: plans that differ between ranks stop every rank at once, naming the
+// plans and the ranks (not a hang in collectives some ranks never run).
+TEST(TensorParallelErrors, PlansThatDifferBetweenRanksAreOneLineOnEveryRank) {
+  if (W() == 1) GTEST_SKIP() << "one rank cannot differ from itself";
+  std::string others = W() == 2 ? "rank 1" : "ranks 1";
+  for (int r = 2; r < W(); ++r) others += ", " + std::to_string(r);
+  Gpt model = make_gpt();
+  const tp::Plan plan = R() == 0 ? tp::Plan{{"head", tp::ColwiseParallel()}} : tp::Plan{{"head", tp::RowwiseParallel()}};
+  EXPECT_ERROR(tp::parallelize(*model, shared_pg(), plan),
+               "tp: the plan: the ranks of the world group disagree on plan: head: ColwiseParallel on rank 0; head: "
+               "RowwiseParallel on " + others);
+}
+
+// PrepareModuleInput from Partial(): each rank holds a summand; the module sees the sum (as one
+// process on the summed input), and each summand's gradient is the sum's.
+TEST(TensorParallel, PrepareModuleInputFromPartialSumsTheSummands) {
+  torch::manual_seed(3);
+  auto linear = torch::nn::Linear(3, 2);
+  auto net = torch::nn::Sequential(Hookable(linear));
+  tp::parallelize(*net, shared_pg(),
+                  {{"0", tp::PrepareModuleInput().input_layouts({Placement::partial()}).desired_input_layouts(
+                             {Placement::replicate()})}});
+  const at::Tensor mine = (at::arange(6, at::kFloat).view({2, 3}) + R()).requires_grad_(true);
+  const at::Tensor out = net->forward(mine);
+  at::Tensor whole = at::zeros({2, 3});
+  for (int r = 0; r < W(); ++r) whole += at::arange(6, at::kFloat).view({2, 3}) + r;
+  whole.requires_grad_(true);
+  const at::Tensor expected = at::linear(whole, linear->weight.detach(), linear->bias.detach());
+  EXPECT_TRUE(close_at_scale(out, expected, 1e-6));
+  out.sum().backward();
+  expected.sum().backward();
+  EXPECT_TRUE(close_at_scale(mine.grad(), whole.grad(), 1e-6));
+  EXPECT_ERROR(tp::parallelize(*torch::nn::Sequential(Hookable(torch::nn::Linear(3, 2))), shared_pg(),
+                               {{"0", tp::PrepareModuleInput().input_layouts({Placement::replicate()})
+                                          .desired_input_layouts({Placement::partial()})}}),
+               "tp: '0': a desired input layout Partial(): a module takes Replicate() or Shard(d)");
+}
+
 TEST(TensorParallelErrors, ABatchThatDiffersAcrossTheGroup) {
   if (W() == 1) GTEST_SKIP() << "one rank cannot differ from itself";
   Gpt model = make_gpt();

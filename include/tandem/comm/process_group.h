@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -139,6 +140,11 @@ class ProcessGroup {
   bool nccl_rules() const { return nccl_rules_; }
   /// The sequence number of the last collective issued (0 before the first).
   uint64_t last_sequence_number() const;
+  /// Counts one more object of `kind` ("ddp", "fsdp") made on this group and returns how many were
+  /// made before it: the same on every member when they make them in the same order (checked by
+  /// the objects' agreement, tandem/comm/agreement.h). It scopes their store keys; a process-wide
+  /// count would be shifted on one rank by an object it alone made on another group.
+  int64_t count_object(const std::string& kind);
 
   /// What this group's collectives have carried since it was made (point-to-point messages not
   /// counted): how many were issued, the bytes of the buffer each is about (an all-reduce's or a
@@ -265,6 +271,7 @@ class ProcessGroup {
   std::mutex issue_mutex_;          // collectives may be issued from autograd threads too
   mutable std::mutex calls_mutex_;
   uint64_t last_seq_ = 0;
+  std::map<std::string, int64_t> objects_;  // count_object(); under calls_mutex_
   mutable Traffic traffic_;         // under calls_mutex_
   mutable std::deque<std::pair<const c10d::Work*, std::shared_ptr<detail::CollectiveCall>>> in_flight_;
   mutable std::string first_failure_;  // asked once: later failures of the same outage reuse it

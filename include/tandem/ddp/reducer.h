@@ -144,7 +144,7 @@ class Reducer {
   DistributedDataParallelOptions options_;
   std::unique_ptr<BucketReduction> reduction_;  // Note [Bucket reduction]
   std::shared_ptr<Anchor> anchor_;
-  int64_t instance_ = 0;             // this reducer's number in the process, the same on every rank
+  int64_t instance_ = 0;             // this reducer's number on its group, the same on every rank
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> locator_;  // parameter -> (bucket, slot)

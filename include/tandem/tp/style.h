@@ -51,7 +51,8 @@ struct SequenceParallel {
 
 /// Moves the module's tensor arguments, one layout per argument in order, from `input_layouts` to
 /// `desired_input_layouts`: Shard(d) -> Replicate all-gathers, Replicate -> Shard(d) takes this
-/// rank's chunk, equal layouts leave the argument alone.
+/// rank's chunk, Partial -> Replicate all-reduces (Partial -> Shard(d) reduce-scatters), equal
+/// layouts leave the argument alone. A desired layout is never Partial.
 struct PrepareModuleInput {
   TORCH_ARG(std::vector<Placement>, input_layouts);
   TORCH_ARG(std::vector<Placement>, desired_input_layouts);
