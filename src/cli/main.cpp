@@ -1,4 +1,4 @@
-// `tandem`: run | env | checkpoint | bench | report (Note [Two binaries] in commands.h).
+// `tandem`: run | env | checkpoint | bench | report | doctor (Note [Two binaries] in commands.h).
 #include "cli/commands.h"
 #include "tandem/version.h"
 
@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
                                         "Inspect an Accelerator checkpoint, or consolidate its optimizer state"),
         tandem::cli::add_bench_command(a, argc, argv),
         tandem::cli::add_report_command(a),
+        tandem::cli::add_doctor_command(a),
     };
   });
 }

@@ -33,6 +33,7 @@ struct CollectiveCall {
   int64_t numel = 0;
   int64_t ndim = 0;
   std::vector<int64_t> sizes;  // after decode(): the first kMaxDims of ndim
+  uint64_t flight = UINT64_MAX;  // its entry in the group's flight record (not encoded)
 
   static CollectiveCall of(uint64_t seq, CollectiveKind kind, const at::Tensor* tensor, int64_t detail = 0);
 

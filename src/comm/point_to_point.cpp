@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include "comm/flight_recorder.h"
 #include "comm/nccl_backend.h"
 #include "comm/nccl_rules.h"
 #include "tandem/comm/process_group.h"
@@ -25,16 +26,27 @@ namespace {
 // operation, the peer (group and global rank) and the message's number.
 class PointToPointWork : public c10d::Work {
  public:
-  PointToPointWork(int rank, c10::intrusive_ptr<c10d::Work> inner, std::string what, std::chrono::milliseconds timeout)
-      : c10d::Work(rank, inner->retrieveOpType()), inner_(std::move(inner)), what_(std::move(what)), timeout_(timeout) {}
+  PointToPointWork(int rank, c10::intrusive_ptr<c10d::Work> inner, std::string what, std::chrono::milliseconds timeout,
+                   std::shared_ptr<detail::FlightRecord> flight, uint64_t flight_id)
+      : c10d::Work(rank, inner->retrieveOpType()),
+        inner_(std::move(inner)),
+        what_(std::move(what)),
+        timeout_(timeout),
+        flight_(std::move(flight)),
+        flight_id_(flight_id) {}
 
   bool wait(std::chrono::milliseconds timeout) override {
     try {
       // Note [Stream-ordered waits]: a CUDA work only orders the current stream after it.
-      if (comm::detail::is_nccl_work(*inner_)) return inner_->wait();
-      return inner_->wait(timeout == kNoTimeout ? timeout_ : timeout);
+      const bool done = comm::detail::is_nccl_work(*inner_) ? inner_->wait()
+                                                           : inner_->wait(timeout == kNoTimeout ? timeout_ : timeout);
+      if (flight_) flight_->finish(flight_id_, true);
+      return done;
     } catch (const std::exception& e) {
-      throw Error(what_ + ": " + one_line(e));
+      const Error error(what_ + ": " + one_line(e));
+      if (flight_) flight_->finish(flight_id_, false);
+      detail::dump_flight_records(error.what(), /*first_failure_only=*/true);  // Note [Flight recorder]
+      throw error;
     }
   }
   bool isCompleted() override { return inner_->isCompleted(); }
@@ -46,11 +58,14 @@ class PointToPointWork : public c10d::Work {
   c10::intrusive_ptr<c10d::Work> inner_;
   std::string what_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<detail::FlightRecord> flight_;
+  uint64_t flight_id_;
 };
 
 }  // namespace
 
-std::string ProcessGroup::begin_p2p(const char* op, const at::Tensor& tensor, int peer, int tag, bool sending) {
+std::string ProcessGroup::begin_p2p(const char* op, const at::Tensor& tensor, int peer, int tag, bool sending,
+                                    uint64_t* flight) {
   if (!tensor.defined() || tensor.is_sparse() || !tensor.is_contiguous()) {
     throw Error(std::string(op) + " needs a defined, dense, contiguous tensor");
   }
@@ -63,6 +78,7 @@ std::string ProcessGroup::begin_p2p(const char* op, const at::Tensor& tensor, in
     std::lock_guard<std::mutex> hold(calls_mutex_);
     number = ++(sending ? sent_ : received_)[static_cast<size_t>(peer)];
   }
+  if (flight_) *flight = flight_->issue(sending ? 'S' : 'R', number, op, global_rank(peer), &tensor);
   return std::string(op) + " of " + std::to_string(tensor.numel()) + " " + c10::toString(tensor.scalar_type()) +
          " on " + tensor.device().str() + (sending ? " to " : " from ") + describe_rank(peer) +
          (tag != 0 ? " with tag " + std::to_string(tag) : std::string()) + ", message #" +
@@ -96,9 +112,10 @@ std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroup::batch_isend_irecv(std:
   const bool coalesce = device.is_cuda() && ops.size() > 1;  // one NCCL group: a ring cannot deadlock
   std::lock_guard<std::mutex> issuing(issue_mutex_);
   std::vector<std::string> what;
-  for (auto& op : ops) {
-    const bool sending = op.kind == P2POp::Kind::Send;
-    what.push_back(begin_p2p(sending ? "send" : "recv", op.tensor, op.peer, op.tag, sending));
+  std::vector<uint64_t> flight(ops.size(), UINT64_MAX);
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const bool sending = ops[k].kind == P2POp::Kind::Send;
+    what.push_back(begin_p2p(sending ? "send" : "recv", ops[k].tensor, ops[k].peer, ops[k].tag, sending, &flight[k]));
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> issued;
   if (strict_ && !device.is_cuda()) {
@@ -127,7 +144,8 @@ std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroup::batch_isend_irecv(std:
     throw Error(what[std::min(i, what.size() - 1)] + ": " + one_line(e));
   }
   for (size_t k = 0; k < issued.size(); ++k) {
-    works.push_back(c10::make_intrusive<PointToPointWork>(rank(), issued[k], what[k], options_.timeout()));
+    works.push_back(
+        c10::make_intrusive<PointToPointWork>(rank(), issued[k], what[k], options_.timeout(), flight_, flight[k]));
   }
   return works;
 }

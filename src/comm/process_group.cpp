@@ -14,6 +14,7 @@
 #include "comm/call_check.h"
 #include "comm/collective_call.h"
 #include "comm/failure_report.h"
+#include "comm/flight_recorder.h"
 #include "comm/mpi_backend.h"
 #include "comm/nccl_backend.h"
 #include "comm/nccl_device.h"
@@ -175,6 +176,7 @@ void ProcessGroup::make_backends(const c10::intrusive_ptr<c10d::Backend>& mpi_pa
   }
   sent_.assign(static_cast<size_t>(size_), 0);
   received_.assign(static_cast<size_t>(size_), 0);
+  flight_ = detail::new_flight_record(subgroup_ ? name_ : "world", global_ranks_, world_.rank, world_.world_size);
   if (nccl_rules_) {
     strict_ = std::make_unique<detail::StrictStream>(subgroup_ ? "group '" + name_ + "'" : "the world group",
                                                      options_.timeout());
@@ -260,6 +262,7 @@ CollectiveCall ProcessGroup::begin(CollectiveKind kind, const at::Tensor* tensor
   {
     std::lock_guard<std::mutex> hold(calls_mutex_);
     call = CollectiveCall::of(++last_seq_, kind, tensor, detail);
+    if (flight_) call.flight = flight_->issue('C', call.seq, call.describe_with_shape(), -1, tensor);
     ++traffic_.collectives;
     if (tensor) {
       // The whole buffer: an all-gather's input is one rank's part of it.
@@ -273,7 +276,10 @@ CollectiveCall ProcessGroup::begin(CollectiveKind kind, const at::Tensor* tensor
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw failure(call.describe() + " (its debug check)", &call, e);
+      Error error = failure(call.describe() + " (its debug check)", &call, e);
+      if (flight_) flight_->finish(call.flight, false);
+      detail::dump_flight_records(error.what(), /*first_failure_only=*/true);
+      throw error;
     }
   }
   return call;
@@ -346,8 +352,12 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
       work->wait(options_.timeout());
     }
   } catch (const std::exception& e) {
-    throw failure(what, call.get(), e);
+    Error error = failure(what, call.get(), e);
+    if (flight_ && call) flight_->finish(call->flight, false);
+    detail::dump_flight_records(error.what(), /*first_failure_only=*/true);  // Note [Flight recorder]
+    throw error;
   }
+  if (flight_ && call) flight_->finish(call->flight, true);
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::lock_guard<std::mutex> hold(calls_mutex_);
   traffic_.wait_s += waited;

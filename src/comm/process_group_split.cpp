@@ -28,6 +28,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "comm/mpi_backend.h"
+#include "tandem/comm/agreement.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/error.h"
 
@@ -51,7 +52,18 @@ std::vector<int64_t> gather_ints(ProcessGroup& pg, int64_t mine) {
 }  // namespace
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, const std::string& name) {
-  const auto colors = gather_ints(*this, color);
+  // One all-gather of (color, the name's fingerprint): every rank must be making the same split
+  // (Note [Agreement before waiting] in docs/design/comm.md); ranks that make their subgroups in
+  // another order would otherwise pair one group's collectives with another's.
+  const int64_t print = static_cast<int64_t>(std::hash<std::string>{}(name) >> 1);
+  const auto parts = all_gather(at::tensor({static_cast<int64_t>(color), print}, at::kLong));
+  std::vector<int64_t> colors;
+  bool same_name = true;
+  for (const auto& p : parts) {
+    colors.push_back(p[0].item<int64_t>());
+    same_name = same_name && p[1].item<int64_t>() == print;
+  }
+  if (!same_name) Agreement("split").field("the name of the group being made", name).check(*this);
   std::vector<int> members;
   for (int r = 0; r < size(); ++r) {
     if (colors[static_cast<size_t>(r)] == color) members.push_back(r);

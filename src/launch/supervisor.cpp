@@ -15,6 +15,7 @@
 
 #include "tandem/error.h"
 #include "launch/elastic_agent.h"
+#include "launch/flight_analysis.h"
 #include "launch/mpirun_command.h"
 #include "launch/mpirun_output.h"
 #include "launch/output_pump.h"
@@ -79,6 +80,45 @@ std::string shell_words(const std::vector<std::string>& words) {
 }  // namespace
 
 Supervisor::Supervisor(LaunchOptions options) : options_(std::move(options)) {}
+
+// Note [Flight recorder] (src/comm/flight_recorder.h): before the other workers are stopped, each
+// that has a recorder is asked for its record (SIGUSR1), and given up to 3 s to write it, so that
+// the analysis sees every rank and not only the one that failed.
+void Supervisor::collect_flight_records(std::vector<WorkerProcess>& workers, int attempt,
+                                        const std::function<void()>& meanwhile) {
+  const std::string folder = options_.log_dir + "/attempt_" + std::to_string(attempt);
+  timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const int64_t asked_ns = int64_t{now.tv_sec} * 1000000000 + now.tv_nsec - 10'000'000;  // mtime granularity
+  std::vector<int> asked;
+  for (auto& w : workers) {
+    if (!w.running() || !flight_recorder_armed(folder, w.rank())) continue;
+    ::kill(w.pid(), SIGUSR1);
+    asked.push_back(w.rank());
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  while (!asked.empty() && Clock::now() < deadline) {
+    meanwhile();
+    asked.erase(std::remove_if(asked.begin(), asked.end(),
+                               [&](int rank) { return flight_dumped_since(folder, rank, asked_ns); }),
+                asked.end());
+  }
+}
+
+void Supervisor::report_flight_records(int attempt) const {
+  const std::string folder = options_.log_dir + "/attempt_" + std::to_string(attempt);
+  try {
+    const auto lines = analyze_flight_dumps(read_flight_dumps(folder));
+    if (lines.empty()) return;
+    constexpr size_t kMostLines = 24;
+    for (size_t i = 0; i < lines.size() && i < kMostLines; ++i) note("flight recorder: " + lines[i]);
+    if (lines.size() > kMostLines) {
+      note("flight recorder: ... " + std::to_string(lines.size() - kMostLines) + " more: tandem doctor " + options_.log_dir);
+    }
+  } catch (const Error& e) {
+    note(std::string("flight recorder: cannot read the records: ") + e.what());
+  }
+}
 
 void Supervisor::note(const std::string& message) const {
   std::fprintf(stderr, "tandem run: %s\n", message.c_str());
@@ -195,6 +235,14 @@ Supervisor::Outcome Supervisor::run_attempt(const Placement& placement, const st
                    ", pid " + std::to_string(w.pid()) + ") failed with " +
                    WorkerProcess::describe_status(*w.status()) + "; its log: " + pump.stderr_log(w.rank());
         note(failure_ + "; stopping the other workers");
+        collect_flight_records(workers, placement.restart_count, [&] {
+          std::vector<pollfd> out;
+          pump.fill(out);
+          ::poll(out.data(), out.size(), 20);
+          for (auto& p : out) {
+            if (p.revents) pump.on_ready(p.fd);
+          }
+        });
         begin_stop(SIGTERM);
       }
       all_exited = all_exited && !w.running();
@@ -404,6 +452,7 @@ int Supervisor::run() {
       note(std::string("stopped by ") + ::strsignal(interrupt_signal_));
       return 128 + interrupt_signal_;
     }
+    report_flight_records(attempt);
     if (attempt < options_.max_restarts) {
       note(std::string(mpi ? "restarting mpirun and every rank" : "restarting all workers") + " (restart " + std::to_string(attempt + 1) + " of " +
            std::to_string(options_.max_restarts) + ")");

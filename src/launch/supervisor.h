@@ -20,10 +20,13 @@
 //   other nodes. Only a failure of this node's own workers counts against --max-restarts.
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "launch/launch_options.h"
 
 namespace tandem::launch {
+
+class WorkerProcess;
 
 class Supervisor {
  public:
@@ -47,6 +50,11 @@ class Supervisor {
   Outcome run_mpirun_attempt(int attempt);  // --backend mpi: Note [Stopping an mpirun job]
   std::vector<std::string> worker_env(int local_rank, const Placement& placement) const;
   void note(const std::string& message) const;
+  /// Asks the running workers of `attempt` for their flight records and waits for them a little,
+  /// calling `meanwhile` between looks (Note [Flight recorder]).
+  void collect_flight_records(std::vector<WorkerProcess>& workers, int attempt, const std::function<void()>& meanwhile);
+  /// Prints what the attempt's flight records say, if it left any.
+  void report_flight_records(int attempt) const;
 
   LaunchOptions options_;
   int interrupt_signal_ = 0;

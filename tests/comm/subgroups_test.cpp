@@ -159,6 +159,19 @@ TEST(Subgroups, EveryRankMustPassTheSameRanks) {
   EXPECT_EQ(static_cast<bool>(group), R() < 2);
 }
 
+// Agreement before waiting: ranks that make their subgroups in another order stop at once, every
+// one of them, naming the groups and the ranks (instead of pairing one group's calls with another's).
+TEST(Subgroups, SubgroupsMadeInAnotherOrderAreOneLineOnEveryRank) {
+  if (W() < 2) GTEST_SKIP() << "needs two ranks";
+  std::string others = W() == 2 ? "rank 1" : "ranks 1";
+  for (int r = 2; r < W(); ++r) others += ", " + std::to_string(r);
+  EXPECT_ERROR(pg().split(0, R() == 0 ? "tp" : "dp"),
+               "split: the ranks of the world group disagree on the name of the group being made: tp on rank 0; dp on " +
+                   others);
+  auto fine = pg().split(0, "dp");  // and they go on together
+  EXPECT_EQ(fine->size(), W());
+}
+
 TEST(Subgroups, BadRankListsAreOneLineErrors) {
   EXPECT_ERROR(pg().new_group({}), "new_group: the list of ranks is empty");
   EXPECT_ERROR(pg().new_group({0, 0}), "new_group: rank 0 appears twice in [0, 0]");

@@ -17,6 +17,9 @@
 #include <torch/nn.h>
 #include <torch/optim/sgd.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include "support/distributed_main.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/error.h"
@@ -157,6 +160,41 @@ int mismatch_op() {
   });
 }
 
+// Rank 1 skips collective #4: its #4 is the others' #5 (a broadcast), so the ranks disagree there.
+int skip_collective() {
+  warm_up();
+  return must_fail([] {
+    auto t = at::ones({4});
+    if (pg().rank() != 1) pg().all_reduce(t);
+    pg().broadcast(t, 0);
+  });
+}
+
+// Rank 0 sends the message meant for rank 1 to rank 2; rank 1 waits for it, rank 2 never asks.
+int p2p_wrong_peer() {
+  warm_up();
+  return must_fail([] {
+    at::Tensor t = at::ones({6});
+    if (pg().rank() == 0) pg().send(t, 2);
+    if (pg().rank() == 1) pg().recv(t, 0);
+    pg().barrier();
+  });
+}
+
+// Rank 1 is killed after two of the five messages rank 0 waits for.
+int p2p_killed_mid() {
+  warm_up();
+  return must_fail([] {
+    at::Tensor t = at::ones({6});
+    for (int i = 0; i < 5; ++i) {
+      if (pg().rank() == 1 && i == 2) ::kill(::getpid(), SIGKILL);
+      if (pg().rank() == 1) pg().send(t, 0);
+      if (pg().rank() == 0) pg().recv(t, 1);
+    }
+    pg().barrier();
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,5 +205,8 @@ int main(int argc, char** argv) {
                                               {"hang-in-ddp", hang_in_ddp},
                                               {"hang-in-fsdp", hang_in_fsdp},
                                               {"mismatch-shape", mismatch_shape},
-                                              {"mismatch-op", mismatch_op}});
+                                              {"mismatch-op", mismatch_op},
+                                              {"skip-collective", skip_collective},
+                                              {"p2p-wrong-peer", p2p_wrong_peer},
+                                              {"p2p-killed-mid", p2p_killed_mid}});
 }

@@ -52,6 +52,7 @@ namespace detail {
 struct CollectiveCall;
 enum class CollectiveKind : int64_t;
 class StrictStream;
+class FlightRecord;
 }  // namespace detail
 
 /// PyTorch's default collective timeout for Gloo is 30 minutes; ours is shorter because a job
@@ -235,7 +236,7 @@ class ProcessGroup {
   std::shared_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, const std::string& name);
   /// A p2p operation's checks and description ("send of 4 Float to rank 1 (global 3) of group 'pp',
   /// message #2 to that rank"); counts the message.
-  std::string begin_p2p(const char* op, const at::Tensor& tensor, int peer, int tag, bool sending);
+  std::string begin_p2p(const char* op, const at::Tensor& tensor, int peer, int tag, bool sending, uint64_t* flight);
   /// Numbers the next call and, in debug mode, checks it against the other ranks'. Called with
   /// issue_mutex_ held, which stays held until the backend has the call: numbers follow issue order.
   detail::CollectiveCall begin(detail::CollectiveKind kind, const at::Tensor* tensor, int64_t detail);
@@ -267,6 +268,7 @@ class ProcessGroup {
   DebugLevel debug_level_ = DebugLevel::Off;
   bool nccl_rules_ = false;
   std::unique_ptr<detail::StrictStream> strict_;  // under NCCL's rules
+  std::shared_ptr<detail::FlightRecord> flight_;   // Note [Flight recorder]; null when off
 
   std::mutex issue_mutex_;          // collectives may be issued from autograd threads too
   mutable std::mutex calls_mutex_;
