@@ -51,17 +51,26 @@ Stage::Stage(std::shared_ptr<torch::nn::Module> module, std::function<at::Tensor
   TANDEM_CHECK(group_, "pp: a stage needs a process group");
   const int p = group_->size();
   // The same on every rank before anything waits on a message (Note [Agreement before waiting]
-  // in docs/design/comm.md): how many stages, which of each process's stages this is, and on which
-  // kind of device the messages go. Checked before the local rules, so that a rank whose local
-  // rule fails does not leave the others in this all-gather.
+  // in docs/design/comm.md): on which device the messages go, how many stages, which of each
+  // process's stages this is. Before the local rules, so that a rank whose local rule fails does
+  // not leave the others in these all-gathers.
+  // Messages go over NCCL only when every stage can send them there: its module on the CUDA device
+  // its rank's NCCL is bound to. A CPU model on a host with GPUs, or two ranks on one GPU (NCCL
+  // takes one rank per device: the second has none), send theirs over the CPU backend, all of them,
+  // the tensors copied to the host and back (one all-gather decides, before anything waits).
   module_device_ = device_of(*module_);
   const auto cuda = group_->cuda_device();
-  message_device_ = module_device_.is_cuda() && cuda && module_device_.index() == cuda->index() ? *cuda
-                                                                                               : c10::Device(c10::kCPU);
+  const bool nccl_here = module_device_.is_cuda() && cuda && module_device_.index() == cuda->index();
+  bool nccl_everywhere = nccl_here;
+  if (p > 1) {
+    for (const auto& flag : group_->all_gather(at::full({1}, nccl_here ? 1 : 0, at::kLong))) {
+      nccl_everywhere = nccl_everywhere && flag.item<int64_t>() == 1;
+    }
+  }
+  message_device_ = nccl_everywhere ? *cuda : c10::Device(c10::kCPU);
   comm::Agreement("pp: the stages being made")
       .field("number of stages", num_stages_)
       .field("stage (of each process's, in order)", p > 0 && index_ >= 0 ? std::to_string(index_ / p) : "none")
-      .field("message device", message_device_.is_cuda() ? "cuda (NCCL)" : "cpu")
       .check(*group_);
   TANDEM_CHECK(num_stages_ >= 1 && index_ >= 0 && index_ < num_stages_, "pp: stage ", index_, " of ", num_stages_,
                " does not exist (stages are numbered 0 to ", num_stages_ - 1, ")");

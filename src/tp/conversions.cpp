@@ -7,6 +7,8 @@
 // lives as long as a graph that saved it, and nothing outlives the step.
 #include "conversions.h"
 
+#include <algorithm>
+
 #include <ATen/core/grad_mode.h>
 
 #include "tandem/error.h"
@@ -101,13 +103,22 @@ void Conversions::check_replicated(const at::Tensor& x, const std::string& modul
   if (group_->size() == 1 || checked_.count(module)) return;
   at::NoGradGuard no_grad;
   // A fingerprint of the bytes, in integer arithmetic: the same on every rank for the same tensor
-  // whatever its values (NaN included) and however many threads add it up.
-  const at::Tensor bytes = x.detach().contiguous().view({-1}).view(at::kByte).to(at::kLong);
-  const at::Tensor weights = at::arange(bytes.numel(), bytes.options()).remainder(65521).add_(1);
-  at::Tensor mine = at::stack({at::scalar_tensor(x.numel(), bytes.options()),
-                               at::scalar_tensor(static_cast<int64_t>(x.scalar_type()), bytes.options()),
-                               bytes.sum(), (bytes * weights).sum()})
-                        .to(x.device());
+  // whatever its values (NaN included) and however many threads add it up. Taken a slice of 1 MiB
+  // at a time, so that it needs 16 MiB beside the input whatever the input's size (all at once, it
+  // took 24 bytes per input byte on the device: a 1 GiB batch, 24 GiB at the first forward).
+  constexpr int64_t kSlice = int64_t{1} << 20;
+  const at::Tensor all_bytes = x.detach().contiguous().view({-1}).view(at::kByte);
+  const auto longs = all_bytes.options().dtype(at::kLong);
+  at::Tensor sum = at::zeros({}, longs), weighted = at::zeros({}, longs);
+  for (int64_t at_byte = 0; at_byte < all_bytes.numel(); at_byte += kSlice) {
+    const int64_t n = std::min(kSlice, all_bytes.numel() - at_byte);
+    const at::Tensor bytes = all_bytes.narrow(0, at_byte, n).to(at::kLong);
+    const at::Tensor weights = at::arange(at_byte, at_byte + n, longs).remainder_(65521).add_(1);
+    sum.add_(bytes.sum());
+    weighted.add_((bytes * weights).sum());
+  }
+  at::Tensor mine = at::stack({at::scalar_tensor(x.numel(), longs),
+                               at::scalar_tensor(static_cast<int64_t>(x.scalar_type()), longs), sum, weighted});
   const auto everyone = group_->all_gather(mine);
   checked_.insert(module);
   for (int r = 0; r < group_->size(); ++r) {

@@ -29,17 +29,25 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
 
     const at::Tensor valid = t != options.ignore_index();
     const at::Tensor out_of_range = valid & ((t < 0) | (t >= total));
-    const bool bad_here = out_of_range.any().item<bool>();
+    // On CUDA the checks below are device-side asserts (no host sync per call, as PyTorch's own
+    // cross_entropy checks its targets there); on the CPU the exact one-line errors.
+    const bool cuda = logits.is_cuda();
+    const at::Tensor bad_flag = out_of_range.any();
+    const bool bad_here = cuda ? false : bad_flag.item<bool>();
     const at::Tensor mine = valid & (t >= first) & (t < first + classes);
     const at::Tensor local_target = (t - first).masked_fill(~mine, 0);
 
     // The row maxima, and whether any rank found a bad target (every rank raises, none waits).
-    at::Tensor max_and_flag = at::cat({std::get<0>(x.max(1)), at::full({1}, bad_here ? 1.0 : 0.0, x.options())});
+    at::Tensor max_and_flag = at::cat({std::get<0>(x.max(1)), bad_flag.to(x.scalar_type()).view({1})});
     group->all_reduce(max_and_flag, comm::ReduceOp::Max);
+    if (cuda) {
+      at::_assert_async(max_and_flag[-1] == 0, "tp: cross_entropy: a target is outside the " + std::to_string(total) +
+                                                    " classes of the sharded logits on a rank of the group");
+    }
     TANDEM_CHECK(!bad_here, "tp: cross_entropy: a target (", t.masked_select(out_of_range)[0].item<int64_t>(),
                  ") is outside the ", total, " classes of the sharded logits (", classes, " on each of ",
                  group->size(), " ranks)");
-    TANDEM_CHECK(max_and_flag[-1].item<double>() == 0, "tp: cross_entropy: another rank of the group has a target "
+    TANDEM_CHECK(cuda || max_and_flag[-1].item<double>() == 0, "tp: cross_entropy: another rank of the group has a target "
                  "outside the ", total, " classes: the targets must be the same on every rank of the group");
     at::Tensor max = max_and_flag.narrow(0, 0, x.size(0));
     at::Tensor shifted = x - max.unsqueeze(1);

@@ -3,6 +3,8 @@
 // piece) and moves inputs and outputs in the Hookable's hooks.
 #include <set>
 
+#include <ATen/ATen.h>
+
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
@@ -142,9 +144,15 @@ struct Applier {
       pre([conv, where, in, first, each, rows, outside](size_t position, const at::Tensor& x) {
         if (position != 0) return x;
         at::Tensor tokens = conv->input(x, in, Placement::replicate(), where, /*differentiable=*/false);
-        // Every rank holds the same tokens: each raises this, as Embedding would, or none does.
-        TANDEM_CHECK(!((tokens < 0) | (tokens >= rows)).any().item<bool>(), "tp: '", where,
-                     "': a token id outside the vocabulary of ", rows);
+        // Every rank holds the same tokens: each raises this, as Embedding would, or none does. On
+        // CUDA as Embedding does there, a device-side assert: a forward must not wait for the host.
+        const at::Tensor inside = ((tokens >= 0) & (tokens < rows)).all();
+        const std::string bad = "tp: '" + where + "': a token id outside the vocabulary of " + std::to_string(rows);
+        if (tokens.is_cuda()) {
+          at::_assert_async(inside, bad);
+        } else {
+          TANDEM_CHECK(inside.item<bool>(), bad);
+        }
         *outside = (tokens < first) | (tokens >= first + each);
         return (tokens - first).masked_fill(*outside, 0);
       });

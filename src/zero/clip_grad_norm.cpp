@@ -37,7 +37,8 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vect
     if (counted) counts_here[i] = 1;
   }
   at::Tensor stacked = at::stack(norms);
-  at::Tensor both = at::cat({stacked, counts_here.to(stacked.scalar_type())});
+  // The flags go where the norms are (a CUDA model's all-reduce is NCCL's, on its device).
+  at::Tensor both = at::cat({stacked, counts_here.to(stacked.options())});
   pg.all_reduce(both, comm::ReduceOp::Sum);
   const at::Tensor present = both.narrow(0, n, n).gt(0);
   const at::Tensor each = both.narrow(0, 0, n).index_select(0, present.nonzero().view({-1}));
@@ -53,8 +54,10 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, const std::vect
   }
   const at::Tensor coefficient = at::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
   at::NoGradGuard no_grad;
+  const at::Tensor present_here = present.cpu();  // one host sync, not one per parameter
+  const bool* counts = present_here.data_ptr<bool>();
   for (int64_t i = 0; i < n; ++i) {
-    if (mine[static_cast<size_t>(i)].defined() && present[i].item<bool>()) mine[static_cast<size_t>(i)].mul_(coefficient);
+    if (mine[static_cast<size_t>(i)].defined() && counts[i]) mine[static_cast<size_t>(i)].mul_(coefficient);
   }
   return total.item<double>();
 }
@@ -70,20 +73,28 @@ double clip_grad_norm_of_pieces(const std::vector<at::Tensor>& grads, const std:
                " gradients");
   at::NoGradGuard no_grad;
   const bool inf = std::isinf(norm_type);
-  double local = 0;
+  // Accumulated in double on the gradients' device, in order, as the host once did (the same
+  // sums, the same NaN): one host sync for the whole norm, not one per gradient.
+  c10::Device device(c10::kCPU);
+  for (const auto& g : grads) {
+    if (g.defined()) {
+      device = g.device();
+      break;
+    }
+  }
+  at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
   for (size_t i = 0; i < grads.size(); ++i) {
     const at::Tensor& g = grads[i];
     if (!counted[i] || !g.defined() || g.numel() == 0) continue;
     if (inf) {
-      const double m = g.abs().max().item<double>();
-      local = std::isnan(m) || std::isnan(local) ? std::nan("") : std::max(local, m);
+      total = at::maximum(total, g.abs().max().to(at::kDouble).view({1}));  // NaN propagates
     } else {
-      local += g.to(at::kDouble).abs().pow(norm_type).sum().item<double>();
+      total = total + g.to(at::kDouble).abs().pow(norm_type).sum().view({1});
     }
   }
-  at::Tensor total = at::full({1}, local, at::kDouble);
   pg.all_reduce(total, inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum);
-  const double norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / norm_type);
+  const double reduced = total.item<double>();
+  const double norm = inf ? reduced : std::pow(reduced, 1.0 / norm_type);
   // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, every gradient multiplied.
   // NaN propagates as in torch (clamp keeps NaN; std::min would not).
   const double raw = max_norm / (static_cast<double>(static_cast<float>(norm)) + 1e-6);

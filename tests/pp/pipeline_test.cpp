@@ -19,6 +19,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
@@ -680,6 +681,36 @@ void pipeline_checkpoint(tandem::Strategy strategy) {
 TEST(AcceleratorPipeline, DdpCheckpointsLoadAtAnotherPipelineSize) { pipeline_checkpoint(tandem::Strategy::Ddp); }
 
 TEST(AcceleratorPipeline, FsdpCheckpointsLoadAtAnotherPipelineSize) { pipeline_checkpoint(tandem::Strategy::Fsdp); }
+
+// PP on CUDA (scripts/gpu-check: at world 1, and as two ranks sharing one GPU, where NCCL has
+// only rank 0 and every stage's messages go over Gloo, Note in tandem/pp/stage.h): each stage's
+// module on a GPU, one 1F1B step leaves the gradients of the whole model on one process (on the
+// CPU), to the tolerance of another device's arithmetic.
+TEST(PipelineGpu, OneFOneBOnCudaEqualsTheWholeModel) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const int p = W();
+  const auto gpus = static_cast<int>(torch::cuda::device_count());
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(pg().world().local_rank % gpus));
+  torch::nn::Sequential whole = whole_model(p);
+  torch::nn::Sequential part = stage_part(whole, R());
+  part->to(device);
+  pp::Stage stage(part, R(), p, shared_pg());
+  EXPECT_EQ(stage.message_device().is_cuda(), pg().has_nccl() && p <= gpus) << "messages over NCCL only if all can";
+  pp::Schedule1F1B schedule(stage, 2 * p, [](const at::Tensor& out, const at::Tensor& t) { return at::mse_loss(out, t); });
+  auto [x, y] = batch(4 * p, 21);
+  schedule.step(stage.is_first() ? x.to(device) : at::Tensor(), stage.is_last() ? y.to(device) : at::Tensor());
+  at::mse_loss(whole->forward(x), y).backward();
+  std::vector<at::Tensor> theirs;
+  for (int b = 2 * R(); b < 2 * R() + 2; ++b) {
+    for (const auto& param : whole->ptr(static_cast<size_t>(2 * b))->parameters()) theirs.push_back(param);
+  }
+  const auto mine = part->parameters();
+  ASSERT_EQ(mine.size(), theirs.size());
+  for (size_t k = 0; k < mine.size(); ++k) {
+    ASSERT_TRUE(mine[k].grad().defined()) << k;
+    EXPECT_TRUE(close_at_scale(mine[k].grad().cpu(), theirs[k].grad(), 1e-4)) << k;
+  }
+}
 
 // Agreement before waiting: stages and schedules that differ between processes stop every process
 // at once with one line naming the field, each value and its ranks (not a timeout, not a shape

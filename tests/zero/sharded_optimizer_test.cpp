@@ -207,6 +207,36 @@ TEST(ShardedOptimizer, ClipGradNormWithNoGradientOnSomeRanksEqualsTorch) {
   }
 }
 
+// The same on CUDA (scripts/gpu-check): the norms' all-reduce is NCCL's, on the device, and its
+// flags went with them (a CPU tensor among the CUDA norms made at::cat fail); the clipped gradient
+// and the norm equal torch's, for both norm types.
+TEST(ShardedOptimizerGpu, ClipGradNormOnCudaEqualsTorch) {
+  if (!tandem::test::every_rank_has_nccl()) GTEST_SKIP() << tandem::test::why_no_nccl();
+  const auto cuda = *pg().cuda_device();
+  const auto on = at::TensorOptions().device(cuda).requires_grad(true);
+  at::Tensor big = torch::ones({10}, on), small = torch::ones({2}, on);
+  torch::optim::SGD sgd(std::vector<at::Tensor>{big, small}, torch::optim::SGDOptions(0.1));
+  ShardedOptimizer sharded(sgd, shared_pg());
+  for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
+    const at::Tensor g = torch::arange(10, at::TensorOptions().device(cuda)) / 3;
+    const at::Tensor h = torch::full({2}, 0.5, at::TensorOptions().device(cuda));
+    at::Tensor whole = torch::ones({10}, on), other = torch::ones({2}, on);
+    whole.mutable_grad() = g.clone();
+    other.mutable_grad() = h.clone();
+    const double expected = torch::nn::utils::clip_grad_norm_({whole, other}, 1.0, norm_type);
+    big.mutable_grad() = sharded.owner(0, 0) == pg().rank() ? g.clone() : at::Tensor();
+    small.mutable_grad() = sharded.owner(0, 1) == pg().rank() ? h.clone() : at::Tensor();
+    EXPECT_NEAR(tandem::zero::clip_grad_norm({big, small}, {&sharded}, pg(), 1.0, norm_type), expected, 1e-6 * expected)
+        << norm_type;
+    if (sharded.owner(0, 0) == pg().rank()) {
+      EXPECT_TRUE(at::allclose(big.grad(), whole.grad())) << norm_type;
+    }
+    if (sharded.owner(0, 1) == pg().rank()) {
+      EXPECT_TRUE(at::allclose(small.grad(), other.grad())) << norm_type;
+    }
+  }
+}
+
 // A float16 gradient that only its owner sees: its GradScaler refuses it, and every rank fails.
 TEST(ShardedOptimizer, AGradientOneRankRefusesFailsEveryRank) {
   if (pg().size() < 2) GTEST_SKIP() << "one rank owns everything";

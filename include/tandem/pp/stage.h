@@ -18,7 +18,8 @@
 // Messages carry no tags that matter: between two processes they are one stream, in the order the
 // schedules issue them, as on NCCL. A stage's module takes one tensor and returns one. Making a
 // stage is collective over its group: the stages check that they agree on the pipeline (stage
-// index, count, message device) before any message waits on a disagreement.
+// index, count) and choose where messages go (over NCCL only if every stage can) before any
+// message waits.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -98,9 +99,10 @@ class Stage {
 
   const DataParallelSync& data_parallel_sync() const { return sync_; }
 
-  /// The device its messages travel on, the same kind on every stage (checked when the stages are
-  /// made): this rank's CUDA device where the module is on it and the group's NCCL is bound to it,
-  /// else the CPU (Gloo or MPI), whatever devices the group has.
+  /// The device its messages travel on, decided by every stage together when they are made: this
+  /// rank's CUDA device when every stage's module is on the CUDA device its rank's NCCL is bound
+  /// to, else the CPU (Gloo or MPI) for all of them: a CPU model on a host with GPUs, or two ranks
+  /// on one GPU (NCCL takes one rank per device), send over the CPU backend.
   const c10::Device& message_device() const { return message_device_; }
   /// Where the module computes (its first parameter's device, else the CPU): received tensors go there.
   const c10::Device& module_device() const { return module_device_; }
