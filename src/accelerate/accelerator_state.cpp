@@ -60,11 +60,12 @@ std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
 }
 
 // Every rank's bytes (`build()`) to the main process, one rank after another, in pieces of 64 MiB
-// (the MPI backend moves at most 128 MiB per rank at once): the main process calls
-// `consume(r, bytes)` for each rank r in order and holds only its own bytes and one other rank's
-// at a time, so a sharded checkpoint is never whole in one process. The ranks first agree that
-// every one of them built its bytes: one that failed (out of memory) makes every rank throw
-// instead of leaving the others waiting in a broadcast. Collective.
+// (the MPI backend moves at most 128 MiB per rank at once), sent to it alone (point-to-point: a
+// broadcast made every rank receive every other's pieces, W - 1 times the traffic): the main
+// process calls `consume(r, bytes)` for each rank r in order and holds only its own bytes and one
+// other rank's at a time, so a sharded checkpoint is never whole in one process. The ranks first
+// agree that every one of them built its bytes: one that failed (out of memory) makes every rank
+// throw instead of leaving the others waiting. Collective.
 void send_to_main(const std::shared_ptr<comm::ProcessGroup>& pg, const std::function<std::string()>& build,
                   const std::function<void(int, std::string)>& consume) {
   const int world = pg ? pg->size() : 1, rank = pg ? pg->rank() : 0;
@@ -81,20 +82,25 @@ void send_to_main(const std::shared_ptr<comm::ProcessGroup>& pg, const std::func
   TANDEM_CHECK(failed.item<int>() == 0, "save_state: another process could not serialize its part of the "
                                         "checkpoint (its error says why); nothing was written");
   constexpr int64_t kPiece = int64_t{64} << 20;
-  for (int r = 0; r < world; ++r) {
-    at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-    pg->broadcast(length, r);
-    const int64_t total = length.item<int64_t>();
+  const auto lengths = pg->all_gather(at::full({1}, static_cast<int64_t>(mine.size()), at::kLong));
+  if (rank == 0) consume(0, std::move(mine));
+  for (int r = 1; r < world; ++r) {
+    if (rank != 0 && rank != r) continue;
+    const int64_t total = lengths[static_cast<size_t>(r)].item<int64_t>();
     std::string bytes;
-    if (rank == 0 && r != 0) bytes.reserve(static_cast<size_t>(total));
+    if (rank == 0) bytes.reserve(static_cast<size_t>(total));
     for (int64_t at = 0; at < total; at += kPiece) {
       const int64_t n = std::min(kPiece, total - at);
       at::Tensor piece = at::empty({n}, at::kByte);
-      if (rank == r) std::memcpy(piece.data_ptr(), mine.data() + at, static_cast<size_t>(n));
-      pg->broadcast(piece, r);
-      if (rank == 0 && r != 0) bytes.append(static_cast<const char*>(piece.data_ptr()), static_cast<size_t>(n));
+      if (rank == r) {
+        std::memcpy(piece.data_ptr(), mine.data() + at, static_cast<size_t>(n));
+        pg->send(piece, 0);
+      } else {
+        pg->recv(piece, r);
+        bytes.append(static_cast<const char*>(piece.data_ptr()), static_cast<size_t>(n));
+      }
     }
-    if (rank == 0) consume(r, r == 0 ? std::move(mine) : std::move(bytes));
+    if (rank == 0) consume(r, std::move(bytes));
   }
 }
 
