@@ -156,8 +156,17 @@ void Schedule::set_order(const std::function<std::vector<Action>(int rank)>& ord
   for (const Action& a : actions_) {
     if (a.kind == ActionKind::Backward) last_backward_[static_cast<size_t>(a.stage / first.group().size())] = a.microbatch;
   }
-  order_ = order;
   plan_ = exchange_plan(order, first.group().size(), first.num_stages(), first.group().rank());
+  // evaluate()'s: the forwards alone, in the same order.
+  const auto forwards_of = [&order](int rank) {
+    std::vector<Action> forwards;
+    for (const Action& a : order(rank)) {
+      if (a.kind == ActionKind::Forward) forwards.push_back(a);
+    }
+    return forwards;
+  };
+  forward_actions_ = forwards_of(first.group().rank());
+  forward_plan_ = exchange_plan(forwards_of, first.group().size(), first.num_stages(), first.group().rank());
   for (size_t k = 0; k < stages_.size(); ++k) {
     const int s = stages_[k]->index();
     if (s == 0 || holds(s - 1)) continue;
@@ -278,16 +287,7 @@ at::Tensor Schedule::evaluate(const at::Tensor& inputs) {
   }
   agree_on_batch(state, first ? inputs.size(0) : -1, -1);
   if (first) state.xs = at::tensor_split(inputs, m, 0);
-  const Stage& any = *stages_.front();
-  const auto forwards_of = [this](int rank) {
-    std::vector<Action> forwards;
-    for (const Action& a : order_(rank)) {
-      if (a.kind == ActionKind::Forward) forwards.push_back(a);
-    }
-    return forwards;
-  };
-  const auto plan = exchange_plan(forwards_of, any.group().size(), any.num_stages(), any.group().rank());
-  run_plan(plan, forwards_of(any.group().rank()), state, /*evaluating=*/true, &outputs);
+  run_plan(forward_plan_, forward_actions_, state, /*evaluating=*/true, &outputs);
   for (Stage* s : stages_) s->wait_sends();
   return outputs.empty() ? at::Tensor() : at::cat(outputs, 0);
 }

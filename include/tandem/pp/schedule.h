@@ -166,8 +166,9 @@ class Schedule {
   std::unique_ptr<CpuMemoryTracker> memory_;  // with track_memory
   Stage& stage(int index) const;
   bool holds(int index) const;
-  std::vector<PlanStep> plan_;                       // Note [Batched exchanges]
-  std::function<std::vector<Action>(int rank)> order_;  // every process's order (evaluate() reads the forwards)
+  std::vector<PlanStep> plan_;  // Note [Batched exchanges]
+  std::vector<Action> forward_actions_;  // evaluate()'s: the forwards of actions_
+  std::vector<PlanStep> forward_plan_;
   /// Every stage's batch size for this step (or evaluate()): the first stage's inputs, checked
   /// against the last stage's targets (-1: none here), agreed by one all-gather over the group so
   /// that every stage knows every microbatch's size and a bad batch stops every stage at once.
