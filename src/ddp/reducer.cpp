@@ -1,7 +1,6 @@
 #include "tandem/ddp/reducer.h"
 
 #include <algorithm>
-#include <atomic>
 #include <unordered_set>
 
 #include <ATen/ATen.h>

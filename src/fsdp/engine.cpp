@@ -39,7 +39,6 @@
 #include "tandem/fsdp/engine.h"
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <mutex>
 #include <sstream>
