@@ -192,9 +192,10 @@ std::vector<std::string> analyze_flight_dumps(const std::vector<FlightDump>& dum
       }
     }
     // Point-to-point: a message waiting on one side whose partner the other side never posted.
+    const auto& by_rank = seen.by_rank;  // a lambda may not capture a structured binding before C++20
     auto last_of = [&](int rank, char kind, int peer) -> std::optional<uint64_t> {
-      auto it = seen.by_rank.find(rank);
-      if (it == seen.by_rank.end()) return std::nullopt;
+      auto it = by_rank.find(rank);
+      if (it == by_rank.end()) return std::nullopt;
       uint64_t top = 0;
       for (const auto& op : it->second->ops) {
         if (op.kind == kind && op.peer == peer) top = std::max(top, op.seq);
