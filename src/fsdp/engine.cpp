@@ -16,9 +16,11 @@
 //   all of a unit's have arrived, the unit is reduce-scattered (averaged, as DDP averages) while
 //   backward goes on, the whole gradients are dropped, and the unit is freed (each child of the
 //   root too: an output head's gradients go early in backward, not with the embedding's at the end).
+// - HSDP: each unit's rows are all-reduced across the replicas while backward goes on (Note
+//   [Replicas during backward]).
 // - end of backward (one callback queued by the first hook): units some of whose parameters got
-//   no gradient are reduce-scattered now (zeros for those), every reduce-scatter is waited for and
-//   added into the shards' gradients, every unit is freed.
+//   no gradient are reduce-scattered now (zeros for those), every reduce-scatter (and all-reduce
+//   across the replicas) is waited for and added into the shards' gradients, every unit is freed.
 // - a backward that raises (Note [Failed backward] in include/tandem/ddp/reducer.h): its end never
 //   comes; the next forward finds it started, and the ranks agree on the collectives it launched
 //   (Engine::State::catch_up) before its gathers and reduce-scatters are waited for and dropped.
@@ -36,6 +38,16 @@
 // an earlier one's backward pending frees what it kept gathered (its backward gathers again).
 // The armed backward reduce-scatters the whole gradients the step accumulated: one reduction per
 // unit per step.
+//
+// Note [Replicas during backward]
+// HSDP sums a unit's rows over its shard group (reduce-scatter) and then over the replicas
+// (all-reduce of the rows). FSDP2 issues the all-reduce on each reduce-scatter's stream as soon as
+// it is issued, so both overlap the rest of backward. On a CPU backend there is no stream to
+// order them: when a unit's reduce-scatter starts, the all-reduces of the units whose
+// reduce-scatters started before it are started (each waits for its reduce-scatter, issued a unit's
+// backward ago, so mostly done). Every rank starts them in the same order, backward's; the last
+// unit's goes at the end of backward. A failed backward launches the all-reduces too ("a3"): the
+// catch-up runs over the shard group, then over the replicas (Engine::State::catch_up).
 #include "tandem/fsdp/engine.h"
 
 #include <algorithm>
@@ -87,6 +99,7 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 
 struct Engine::State {
   std::shared_ptr<comm::ProcessGroup> pg;
+  comm::ProcessGroup* replicas = nullptr;  // HSDP's replicate group (two or more), or null
   FullyShardOptions options;
   torch::nn::Module* root = nullptr;
   std::vector<std::unique_ptr<UnitShard>> units;  // the Unit modules' in tree order, then the root unit
@@ -113,8 +126,10 @@ struct Engine::State {
   bool backward_pending = false;       // a forward's outputs wait for their backward
 
   // Note [Failed backward]: the collectives this backward launched, in order ("g3": unit 3's
-  // all-gather, "r3": its reduce-scatter), what the ranks compare when it raises.
+  // all-gather, "r3": its reduce-scatter, "a3": its all-reduce across the replicas), what the
+  // ranks compare when it raises.
   std::vector<std::string> launched;
+  std::vector<size_t> unchained;       // HSDP: reduce-scattered in this backward, not yet all-reduced
   int64_t instance = 0;                // this engine's number in the process, the same on every rank
   int failed_backwards = 0;
   void start_gather(size_t u) {
@@ -128,8 +143,14 @@ struct Engine::State {
     if (unit.reducing()) return;
     unit.start_reduce();
     if (backward_started && unit.reducing()) launched.push_back("r" + std::to_string(u));
+    if (!replicas || !backward_started) return;
+    for (size_t v : std::exchange(unchained, {})) {  // Note [Replicas during backward]
+      if (units[v]->chain_replicas()) launched.push_back("a" + std::to_string(v));
+    }
+    if (unit.reducing()) unchained.push_back(u);
   }
-  void catch_up(const std::vector<std::string>& mine);
+  std::vector<std::string> catch_up(comm::ProcessGroup& group, const std::string& prefix,
+                                    const std::vector<std::string>& mine);
 };
 
 // A backward that raised may have launched collectives on some ranks that others, raising earlier,
@@ -138,11 +159,11 @@ struct Engine::State {
 // unused), as DDP's reducer launches the buckets it lacks. Ranks that raised at the same point lack
 // nothing. Lists that are not one another's beginnings (the ranks ran different graphs) cannot be
 // matched: every rank throws.
-void Engine::State::catch_up(const std::vector<std::string>& mine) {
+std::vector<std::string> Engine::State::catch_up(comm::ProcessGroup& group, const std::string& prefix,
+                                                 const std::vector<std::string>& mine) {
   std::string post = std::to_string(mine.size());
   for (const auto& c : mine) post += " " + c;
-  const std::string prefix = "tandem/fsdp/" + std::to_string(instance) + "/failed/" + std::to_string(failed_backwards++) + "/";
-  const auto posts = ddp::detail::exchange_after_failed_backward(*pg, prefix, post, "fsdp");
+  const auto posts = ddp::detail::exchange_after_failed_backward(group, prefix, post, "fsdp");
   std::vector<std::vector<std::string>> lists;
   size_t longest = 0;
   for (const auto& p : posts) {
@@ -155,8 +176,8 @@ void Engine::State::catch_up(const std::vector<std::string>& mine) {
   }
   for (size_t r = 0; r < lists.size(); ++r) {
     TANDEM_CHECK(std::equal(lists[r].begin(), lists[r].end(), lists[longest].begin()),
-                 "fsdp: backward failed on every rank, but after other collectives on rank ", r, " than on rank ",
-                 longest, " ('", posts[r], "' against '", posts[longest],
+                 "fsdp: backward failed on every rank, but after other collectives on ", group.describe_rank(int(r)),
+                 " than on ", group.describe_rank(int(longest)), " ('", posts[r], "' against '", posts[longest],
                  "'): the ranks ran different graphs, and their collectives are out of step");
   }
   for (size_t k = mine.size(); k < lists[longest].size(); ++k) {
@@ -165,11 +186,14 @@ void Engine::State::catch_up(const std::vector<std::string>& mine) {
     if (c[0] == 'g') {
       unit.reshard();  // what it held came from collectives every rank launched
       unit.start_gather();
-    } else {
+    } else if (c[0] == 'r') {
       unit.discard_reduce();
       unit.start_reduce();  // whatever gradients are here: nobody uses the result
+    } else {
+      unit.chain_replicas();
     }
   }
+  return lists[longest];
 }
 
 Engine::Engine() : s_(std::make_unique<State>()) {}
@@ -260,6 +284,7 @@ std::shared_ptr<Engine> Engine::create(torch::nn::Module& root, std::shared_ptr<
   comm::ProcessGroup* replicas =
       options.replicate_group() && options.replicate_group()->size() > 1 ? options.replicate_group().get() : nullptr;
   if (replicas) check_replicas(*s.pg, *replicas);
+  s.replicas = replicas;
   s.root = &root;
 
   // The units, each once.
@@ -436,8 +461,16 @@ void Engine::abandon_backward() {
   const bool started = s.backward_started;
   s.backward_started = s.backward_pending = false;
   std::fill(s.keep.begin(), s.keep.end(), false);
-  const std::vector<std::string> launched = std::exchange(s.launched, {});
-  if (started && s.pg->size() > 1) s.catch_up(launched);  // before anything it launched is waited for
+  std::vector<std::string> launched = std::exchange(s.launched, {});
+  s.unchained.clear();
+  if (started) {  // before anything it launched is waited for
+    // Within the shard group, then across the replicas: after the first, every rank of a replica
+    // holds the same list, so every rank of a replicate group sees the same lists and makes the same.
+    const std::string prefix =
+        "tandem/fsdp/" + std::to_string(s.instance) + "/failed/" + std::to_string(s.failed_backwards++) + "/";
+    if (s.pg->size() > 1) launched = s.catch_up(*s.pg, prefix, launched);
+    if (s.replicas) s.catch_up(*s.replicas, prefix + "replicas/", launched);
+  }
   std::exception_ptr failure;
   for (auto& unit : s.units) {
     try {
@@ -603,6 +636,7 @@ void Engine::end_of_backward() {
   s.note_peak();
   s.backward_started = s.backward_pending = false;
   std::fill(s.keep.begin(), s.keep.end(), false);
+  s.unchained.clear();  // their all-reduces start in finish_reduce, in unit order on every rank
   std::exception_ptr failure;
   for (size_t u = 0; u < s.units.size(); ++u) {
     try {

@@ -223,20 +223,32 @@ void UnitShard::start_reduce() {
   reduce_work_ = pg_.reduce_scatter_async(reduce_output_, reduce_input_);
 }
 
+bool UnitShard::chain_replicas() {
+  if (!replicate_ || per_rank_ == 0 || replica_work_ || !reduce_output_.defined()) return false;
+  if (reduce_work_) {
+    timed_wait(pg_, std::exchange(reduce_work_, nullptr), "fsdp reduce-scatter of unit '" + name_ + "'",
+               reduce_wait_s_);
+  }
+  reduce_input_ = at::Tensor();
+  // HSDP: the replicas hold the same rows; each has this shard group's sum, the total is theirs.
+  replica_work_ = replicate_->all_reduce_async(reduce_output_, comm::ReduceOp::Sum);
+  return true;
+}
+
 void UnitShard::finish_reduce() {
   if (!reducing()) return;
   if (reduce_work_) {
     timed_wait(pg_, std::exchange(reduce_work_, nullptr), "fsdp reduce-scatter of unit '" + name_ + "'",
                reduce_wait_s_);
   }
+  chain_replicas();
+  if (replica_work_) {
+    timed_wait(*replicate_, std::exchange(replica_work_, nullptr),
+               "fsdp all-reduce across the replicas of unit '" + name_ + "'", reduce_wait_s_);
+  }
   reduce_pending_ = false;
   reduce_input_ = at::Tensor();
   at::Tensor out = std::exchange(reduce_output_, at::Tensor());
-  if (replicate_ && per_rank_ > 0) {
-    // HSDP: the replicas hold the same rows; each has this shard group's sum, the total is theirs.
-    timed_wait(*replicate_, replicate_->all_reduce_async(out, comm::ReduceOp::Sum),
-               "fsdp all-reduce across the replicas of unit '" + name_ + "'", reduce_wait_s_);
-  }
   for (auto& slot : slots_) {
     if (!slot.shard.requires_grad()) continue;
     at::Tensor mine = tandem::detail::storage_alias(out, slot.offset, slot.shard.sizes());
@@ -253,6 +265,10 @@ void UnitShard::discard_reduce() {
   if (reduce_work_) {
     timed_wait(pg_, std::exchange(reduce_work_, nullptr), "fsdp reduce-scatter of unit '" + name_ + "'",
                reduce_wait_s_);
+  }
+  if (replica_work_) {
+    timed_wait(*replicate_, std::exchange(replica_work_, nullptr),
+               "fsdp all-reduce across the replicas of unit '" + name_ + "'", reduce_wait_s_);
   }
   reduce_pending_ = false;
   reduce_input_ = at::Tensor();

@@ -91,9 +91,13 @@ class UnitShard {
   /// the shard group's size times the replicas'; zero for a parameter without one) and drops
   /// them. Nothing when no parameter needs a gradient.
   void start_reduce();
-  bool reducing() const { return reduce_work_ != nullptr || reduce_pending_; }
-  /// Waits for it (and, under HSDP, all-reduces the rows across the replicas) and adds the
-  /// averaged rows to the shards' gradients (sets them when undefined).
+  bool reducing() const { return reduce_work_ != nullptr || reduce_pending_ || replica_work_ != nullptr; }
+  /// HSDP: waits for the reduce-scatter and starts the all-reduce of its rows across the replicas
+  /// (Note [Replicas during backward] in engine.cpp). Whether it started one: false without
+  /// replicas, without a reduction, or when it was started already.
+  bool chain_replicas();
+  /// Waits for the reduction (under HSDP the all-reduce across the replicas too, started here if
+  /// it was not) and adds the averaged rows to the shards' gradients (sets them when undefined).
   void finish_reduce();
   /// Waits for it and drops its result (a backward that failed half-way).
   void discard_reduce();
@@ -137,6 +141,7 @@ class UnitShard {
   at::Tensor reduce_output_;            // S elements
   at::Tensor reduce_input_;             // W·S elements, kept until the reduce-scatter ends
   c10::intrusive_ptr<c10d::Work> reduce_work_;
+  c10::intrusive_ptr<c10d::Work> replica_work_;  // HSDP: the all-reduce of reduce_output_ across the replicas
   bool reduce_pending_ = false;
   at::Tensor inverse_world_;
   double gather_wait_s_ = 0, reduce_wait_s_ = 0;

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/adamw.h>
 
@@ -171,6 +172,97 @@ TEST(MeshParallel, HsdpEqualsDataParallelOverEveryRank) {
       auto all = mesh.group("replicate")->all_gather(item.second.detach().reshape({-1}).contiguous());
       for (const auto& theirs : all) EXPECT_TRUE(at::equal(theirs, all[0])) << item.first;
     }
+  }
+}
+
+// Note [Replicas during backward]: a unit's all-reduce across the replicas starts while backward
+// goes on, not after it. The input's gradient is computed by the first layer's backward, before
+// the end of backward: by then the last layer's rows were all-reduced or on their way.
+TEST(MeshParallel, HsdpAllReducesAcrossTheReplicasDuringBackward) {
+  if (pg().size() < 2) GTEST_SKIP() << "needs two replicas";
+  DeviceMesh mesh(shared_pg(), {2, pg().size() / 2}, {"replicate", "shard"});
+  auto net = make_net();
+  fsdp::wrap_entries(*net);
+  fsdp::FullyShardedDataParallel model(net, mesh);
+  const auto& replicas = *mesh.group("replicate");
+  auto [x, y] = batch(0, pg().rank(), at::kFloat);
+  x.requires_grad_(true);
+  const uint64_t before = replicas.last_sequence_number();
+  uint64_t at_input = 0;
+  x.register_hook([&](const at::Tensor&) { at_input = replicas.last_sequence_number(); });
+  (model->forward(x) - y).pow(2).mean().backward();
+  const uint64_t after = replicas.last_sequence_number();
+  EXPECT_EQ(after - before, 3u) << "one all-reduce per Linear unit";
+  EXPECT_GE(at_input - before, 1u) << "the replicas' all-reduces waited for the end of backward";
+}
+
+// A backward that raises at different places on the two replicas (Note [Failed backward]): one
+// after two units were reduce-scattered and one all-reduced across the replicas, the other before
+// any. The catch-up runs within each replica, then across them; the next steps train as if the
+// failed one never ran, with no collective out of step.
+namespace {
+enum class RaiseAt : int64_t { Nowhere, Output, MidModel };
+RaiseAt g_raise_at = RaiseAt::Nowhere;
+
+struct RaiseInBackward : torch::autograd::Function<RaiseInBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t where) {
+    ctx->saved_data["where"] = where;
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (static_cast<int64_t>(g_raise_at) == ctx->saved_data["where"].toInt()) {
+      throw std::runtime_error("injected failure in backward");
+    }
+    return {grads[0], at::Tensor()};
+  }
+};
+
+struct RaisesImpl : torch::nn::Module {
+  explicit RaisesImpl(RaiseAt where) : where(where) {}
+  at::Tensor forward(const at::Tensor& x) { return RaiseInBackward::apply(x, static_cast<int64_t>(where)); }
+  RaiseAt where;
+};
+TORCH_MODULE(Raises);
+}  // namespace
+
+TEST(MeshParallel, HsdpRecoversFromABackwardThatRaisesAtDifferentPlacesOnTheReplicas) {
+  for (const auto& shape : shapes()) {
+    if (shape[0] < 2) continue;
+    DeviceMesh mesh(shared_pg(), {shape[0], shape[1]}, {"replicate", "shard"});
+    std::vector<std::vector<int>> shard_groups;
+    for (int r = 0; r < shape[0]; ++r) {
+      shard_groups.emplace_back();
+      for (int s = 0; s < shape[1]; ++s) shard_groups.back().push_back(r * shape[1] + s);
+    }
+    const auto dtype = dtype_for(std::max(shape[0], shape[1]));
+    const auto expected = reference(shard_groups, dtype);
+    // make_net()'s layers and initial values, with identities that may raise in backward.
+    torch::manual_seed(7);
+    torch::nn::Sequential net(torch::nn::Linear(13, 11), torch::nn::Tanh(), Raises(RaiseAt::MidModel),
+                              torch::nn::Linear(11, 7), torch::nn::Tanh(), torch::nn::Linear(7, 3),
+                              Raises(RaiseAt::Output));
+    net->to(dtype);
+    auto optimizer = optimizers()[2].second(split_params(*net));
+    fsdp::wrap_entries(*net);
+    fsdp::FullyShardedDataParallel model(net, mesh);
+    fsdp::shard_optimizer(*optimizer, model->engine());
+    {
+      const int replica = pg().rank() / shape[1];
+      g_raise_at = replica == 0 ? RaiseAt::MidModel : RaiseAt::Output;
+      auto [x, y] = batch(99, pg().rank(), dtype);
+      EXPECT_ERROR_HAS((model->forward(x) - y).pow(2).mean().backward(), "injected failure in backward");
+      g_raise_at = RaiseAt::Nowhere;
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x, y] = batch(step, pg().rank(), dtype);
+      (model->forward(x) - y).pow(2).mean().backward();
+      optimizer->step();
+      optimizer->zero_grad();
+    }
+    std::vector<at::Tensor> got;
+    for (const auto& item : model->gather_parameters()) got.push_back(item.second);
+    EXPECT_LE(max_relative_difference(got, expected), tolerance_for(dtype)) << "HSDP over a " << text(shape) << " mesh";
   }
 }
 
