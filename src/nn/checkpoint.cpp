@@ -17,6 +17,14 @@
 // their AccumulateGrad post-hooks (DDP's reducer, FSDP's engine) run once, in the outer backward,
 // not in the nested one. PyTorch's non-reentrant checkpoint gets the same from saved-tensor hooks,
 // which LibTorch exposes only to Python.
+//
+// Note [Parameter hooks once]
+// The inner grad() takes a parameter's gradient at its leaf, and the engine runs a leaf's tensor
+// hooks (Tensor::register_hook) when it captures a gradient there, then once more when the outer
+// backward accumulates what the node returned: a hook would see every gradient twice (TP's
+// all-reduce would sum it twice). The parameters' tensor hooks are held aside for the inner grad()
+// and put back after (hooks the recompute registered are kept, behind them), so they run once,
+// in the outer backward, with the gradient the node returns, as under torch.utils.checkpoint.
 #include "tandem/nn/checkpoint.h"
 
 #include <sstream>
@@ -35,7 +43,6 @@ namespace tandem::nn::detail {
 namespace {
 
 thread_local int recompute_depth = 0;
-thread_local int gradients_depth = 0;
 
 // The leaves that require grad which the recomputed graph reaches (their AccumulateGrad nodes)
 // short of the targets' own nodes: tensors the segment read without naming them, whose gradients
@@ -67,6 +74,32 @@ std::string shapes(const std::vector<std::vector<int64_t>>& sizes) {
   for (size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << c10::IntArrayRef(sizes[i]);
   return out.str();
 }
+
+// Note [Parameter hooks once]: the tensors' hooks, held aside while alive.
+class HooksHeldAside {
+ public:
+  explicit HooksHeldAside(const std::vector<at::Tensor>& tensors) {
+    for (const auto& t : tensors) {
+      if (!t.requires_grad() || !t.is_leaf()) continue;
+      auto& hooks = torch::autograd::impl::hooks(t);
+      if (hooks.empty()) continue;
+      held_.emplace_back(t, std::move(hooks));
+      hooks.clear();
+    }
+  }
+  ~HooksHeldAside() {
+    for (auto& [tensor, hooks] : held_) {
+      auto& now = torch::autograd::impl::hooks(tensor);
+      for (auto& added : now) hooks.push_back(std::move(added));
+      now = std::move(hooks);
+    }
+  }
+  HooksHeldAside(const HooksHeldAside&) = delete;
+  HooksHeldAside& operator=(const HooksHeldAside&) = delete;
+
+ private:
+  std::vector<std::pair<at::Tensor, std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>>>> held_;
+};
 
 // Everything the backward needs that is not a saved variable.
 struct Segment : torch::CustomClassHolder {
@@ -165,8 +198,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
                  "): their gradients would be lost; pass them as arguments or list them in the options");
     torch::autograd::variable_list grads;
     if (!roots.empty() && !targets.empty()) {
-      ++gradients_depth;
-      ScopeExit taken([] { --gradients_depth; });
+      HooksHeldAside once(segment->parameters);
       grads = torch::autograd::grad(roots, targets, root_grads, /*retain_graph=*/false, /*create_graph=*/false,
                                     /*allow_unused=*/true);
     }
@@ -180,7 +212,6 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 }  // namespace
 
 bool in_recompute() { return recompute_depth > 0; }
-bool taking_segment_gradients() { return gradients_depth > 0; }
 
 bool needs_checkpoint(const std::vector<at::Tensor>& inputs, const CheckpointOptions& options) {
   if (!at::GradMode::is_enabled()) return false;

@@ -23,10 +23,7 @@ using Kind = Placement::Kind;
 // the whole gradient, on every rank.
 void sum_gradient_over(at::Tensor& param, const Group& group) {
   if (!param.requires_grad()) return;
-  param.register_hook([group](const at::Tensor& grad) {
-    // Under activation checkpointing the hook also sees the gradient as the segment takes it from
-    // its recompute: the sum is made once, when the engine accumulates it.
-    if (nn::detail::taking_segment_gradients()) return grad;
+  param.register_hook([group](const at::Tensor& grad) {  // once per backward, checkpointed or not
     at::Tensor sum = grad.contiguous().clone();
     group->all_reduce(sum);
     return sum;

@@ -184,6 +184,48 @@ TEST(Checkpoint, AutogradGradReachesParameters) {
   for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined()) << "grad() accumulates nothing";
 }
 
+// A tensor hook on a parameter runs once per backward, as under torch.utils.checkpoint (its
+// non-reentrant form never runs a leaf's hooks for the recompute): a hook that doubles the
+// gradient doubles it once, and sees what it would see without checkpointing.
+TEST(Checkpoint, ParameterHooksRunOncePerBackward) {
+  struct Seen {
+    std::vector<int> calls;
+    std::vector<at::Tensor> grads;
+  };
+  auto run = [](bool checkpointed) {
+    auto net = make_net(2);
+    net->eval();  // no dropout: the two runs draw alike
+    auto seen = std::make_shared<Seen>();
+    auto params = net->parameters();
+    seen->calls.assign(params.size(), 0);
+    seen->grads.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].register_hook([seen, i](const at::Tensor& grad) {
+        ++seen->calls[i];
+        seen->grads[i] = grad.clone();
+        return grad * 2;
+      });
+    }
+    const Step s = step(*net, batch(true), [&](const at::Tensor& x) {
+      at::Tensor h = x;
+      for (size_t b = 0; b + 1 < net->size(); ++b) {
+        Block block(std::dynamic_pointer_cast<BlockImpl>(net->ptr(b)));
+        h = checkpointed ? tandem::nn::checkpoint(block, h) : block->forward(h);
+      }
+      return net->ptr<torch::nn::LinearImpl>(net->size() - 1)->forward(h);
+    });
+    return std::make_pair(s, *seen);
+  };
+  const auto [plain, plain_seen] = run(false);
+  const auto [got, got_seen] = run(true);
+  expect_identical(plain, got);
+  for (size_t i = 0; i < got_seen.calls.size(); ++i) {
+    EXPECT_EQ(plain_seen.calls[i], 1) << "parameter " << i;
+    EXPECT_EQ(got_seen.calls[i], 1) << "parameter " << i;
+    EXPECT_TRUE(at::equal(got_seen.grads[i], plain_seen.grads[i])) << "parameter " << i;
+  }
+}
+
 // Without grad mode, or with nothing requiring grad, it is a plain call: one forward.
 TEST(Checkpoint, PlainCallWithoutGrad) {
   auto net = make_net(1);

@@ -369,8 +369,8 @@ TEST(TensorParallel, SequenceParallelPlanEqualsOneProcess) {
 
 TEST(TensorParallel, OtherLayoutsEqualOneProcess) { check_plan_against_single_process(other_layouts_plan()); }
 
-// Checkpointed blocks: the norms' gradients are summed over the group once, though their tensor
-// hooks see them twice (nn::detail::taking_segment_gradients).
+// Checkpointed blocks: the norms' gradients are summed over the group once (their tensor hooks run
+// once per backward: Note [Parameter hooks once] in src/nn/checkpoint.cpp).
 TEST(TensorParallel, SequenceParallelWithActivationCheckpointingEqualsOneProcess) {
   check_plan_against_single_process(sequence_parallel_plan(), /*checkpointed=*/true);
 }

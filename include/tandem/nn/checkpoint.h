@@ -22,9 +22,12 @@
 //   inputs (gradients flow into them); any other argument is copied and passed again as is (a
 //   tensor inside one is a constant to the segment). The function returns at::Tensor,
 //   std::vector<at::Tensor> or std::tuple of tensors, with the same shapes when run again.
-// - not supported: backward with create_graph (double backward); a parameter's tensor hook
-//   (Tensor::register_hook) runs twice per backward (the recompute's gradients pass it when they
-//   are taken and when they are accumulated; detail::taking_segment_gradients() tells the first); AccumulateGrad post-hooks (DDP's, FSDP's) run once.
+// - hooks run once per backward, as under torch.utils.checkpoint: a parameter's tensor hook
+//   (Tensor::register_hook) and AccumulateGrad post-hooks (DDP's, FSDP's) in the outer backward;
+//   a hook the segment registers on one of its own tensors in the recompute (the forward runs
+//   without grad mode: register it only where the tensor requires grad, as under PyTorch's
+//   reentrant checkpoint).
+// - not supported: backward with create_graph (double backward).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,11 +69,6 @@ std::vector<at::Tensor> checkpoint_tensors(SegmentFunction run, const std::vecto
                                            const CheckpointOptions& options);
 /// Whether this thread is running a checkpointed segment's recompute (inside backward).
 bool in_recompute();
-/// Whether this thread is taking a segment's gradients from its recompute (the inner
-/// autograd::grad): a parameter's tensor hook sees its gradient then, and once more when the
-/// engine accumulates it. A hook with an effect to have once (tensor parallelism's all-reduce)
-/// skips the first.
-bool taking_segment_gradients();
 /// Whether the call needs a checkpoint at all: grad mode on and some input or parameter requires grad.
 bool needs_checkpoint(const std::vector<at::Tensor>& inputs, const CheckpointOptions& options);
 
