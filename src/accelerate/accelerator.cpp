@@ -88,8 +88,9 @@ void Accelerator::initialize() {
     mesh_.emplace(pg_, std::vector<int64_t>{plan_.replicate, plan_.shard}, std::vector<std::string>{"replicate", "shard"});
   }
   // One seed per data-parallel rank: a tensor-parallel group draws the same dropout masks on the
-  // activations it holds whole, as one process would.
-  torch::manual_seed(options_.seed() + static_cast<uint64_t>(data_parallel_rank()));
+  // activations it holds whole, as one process would, and its own per rank inside a
+  // nn::RegionRng (Megatron's seeding: tandem/tp/random.h). Per stage from prepare_pipeline on.
+  tp::manual_seed(options_.seed(), {data_parallel_rank(), parallel_ranks().tp, 0});
   if (options_.mixed_precision() == Precision::Fp16) {
     scaler_ = pg_ ? std::make_unique<amp::GradScaler>(pg_, options_.scaler())
                   : std::make_unique<amp::GradScaler>(options_.scaler());
@@ -115,6 +116,14 @@ std::vector<int> Accelerator::pipeline_stages(int stages) const {
   for (int s = pipeline_rank(); s < stages; s += plan_.pp) mine.push_back(s);
   return mine;
 }
+
+// Note [Seeds per stage]
+// Megatron seeds each pipeline stage apart (seed + 100 x stage), so that stages do not draw the
+// same dropout masks. Here that happens when the pipeline is prepared, not at construction: the
+// model is built after the Accelerator, whole on every stage (each keeps its own layers), and its
+// initial weights must be the same on every stage to be the model a run without a pipeline
+// trains. What is drawn from then on (dropout) is each stage's own.
+void Accelerator::seed_stage() { tp::manual_seed(options_.seed(), parallel_ranks()); }
 
 void Accelerator::check_pipeline(size_t stages, const PipelineOptions& options) const {
   TANDEM_CHECK(stages >= 1, "prepare_pipeline: no stage given (this process's parts of the model)");

@@ -25,6 +25,8 @@
 #include "tandem/accelerate/checkpoint_dir.h"
 #include "tandem/accelerate/safetensors.h"
 #include "tandem/error.h"
+#include "tandem/nn/region_rng.h"
+#include "tandem/tp/random.h"
 #include "tandem/zero/partitioned_optimizer.h"
 
 namespace tandem {
@@ -155,6 +157,9 @@ std::vector<std::pair<std::string, at::Tensor>> rng_states(const std::shared_ptr
   std::vector<std::pair<std::string, at::Tensor>> mine{
       {"cpu", at::detail::getDefaultCPUGenerator().get_state()}};
   if (device.is_cuda()) mine.emplace_back("cuda", at::globalContext().defaultGenerator(device).get_state());
+  for (const auto& [where, state] : nn::detail::region_rng_states()) {  // seeded on every rank by the Accelerator
+    if (where.is_cpu() || where == device) mine.emplace_back(where.is_cpu() ? "region-cpu" : "region-cuda", state);
+  }
   for (auto& [kind, state] : mine) {
     if (pg && world > 1) {
       auto all = pg->all_gather(state.contiguous());
@@ -583,11 +588,11 @@ void Accelerator::load_state(const std::string& path) {
     }
     if (staged.same_shape) {
       auto rng = accelerate::load_safetensors(reader.path("rng.safetensors"));
+      const std::string suffix = "_rank_" + std::to_string(world_.rank);
       for (auto& [name, tensor] : rng.tensors) {
-        if (name == "cpu_rank_" + std::to_string(world_.rank) ||
-            (name == "cuda_rank_" + std::to_string(world_.rank) && device_.is_cuda())) {
-          staged.rng.emplace_back(name.substr(0, name.find('_')), tensor);
-        }
+        const std::string kind = name.substr(0, name.find('_'));
+        const bool cuda = kind == "cuda" || kind == "region-cuda";
+        if (name == kind + suffix && (!cuda || device_.is_cuda())) staged.rng.emplace_back(kind, tensor);
       }
     }
     const auto& positions = state.at("loaders");
@@ -649,15 +654,24 @@ void Accelerator::load_state(const std::string& path) {
     optimizer.load(archive);
   }
   if (staged.same_shape) {
+    auto region = nn::detail::region_rng_states();  // a save without them leaves them as seeded
     for (const auto& [kind, tensor] : staged.rng) {
+      if (kind == "region-cpu" || kind == "region-cuda") {
+        const c10::Device where = kind == "region-cpu" ? c10::Device(c10::kCPU) : device_;
+        for (auto& [device, state] : region) {
+          if (device == where) state = tensor;
+        }
+        continue;
+      }
       at::Generator generator =
           kind == "cpu" ? at::detail::getDefaultCPUGenerator() : at::globalContext().defaultGenerator(device_);
       generator.set_state(tensor);
     }
+    nn::detail::set_region_rng_states(region);
   } else {
     // Note [Resuming at another world size]; at another tp_size too, as each tensor-parallel
     // group must draw alike (the generators are seeded by data-parallel rank).
-    torch::manual_seed(reseed(options_.seed(), data_parallel_rank(), staged.completed_steps));
+    tp::manual_seed(reseed(options_.seed(), data_parallel_rank(), staged.completed_steps), parallel_ranks());
   }
   if (staged.scaler) scaler_->load_state_dict(*staged.scaler);
   for (size_t l = 0; l < loaders_.size(); ++l) loaders_[l].resume(staged.positions[l].first, staged.positions[l].second);

@@ -7,6 +7,8 @@
 #include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "tandem/nn/region_rng.h"
+
 namespace tandem::nn::detail {
 namespace {
 
@@ -29,6 +31,7 @@ RngStates RngStates::capture(const std::vector<c10::DeviceIndex>& cuda) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     states.cuda_.emplace_back(index, gen.get_state());
   }
+  states.region_ = region_rng_states();
   return states;
 }
 
@@ -43,6 +46,7 @@ void RngStates::restore() const {
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(state);
   }
+  if (!region_.empty()) set_region_rng_states(region_);
 }
 
 std::vector<c10::DeviceIndex> cuda_devices(const std::vector<at::Tensor>& tensors) {

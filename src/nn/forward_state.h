@@ -13,7 +13,8 @@ namespace tandem::nn::detail {
 
 class RngStates {
  public:
-  /// The CPU generator's state and that of the default CUDA generator of each device in `cuda`.
+  /// The CPU generator's state and that of the default CUDA generator of each device in `cuda`,
+  /// and the tensor-parallel region's (tandem/nn/region_rng.h).
   static RngStates capture(const std::vector<c10::DeviceIndex>& cuda);
   /// Sets every generator captured back to its captured state.
   void restore() const;
@@ -21,6 +22,7 @@ class RngStates {
  private:
   at::Tensor cpu_;
   std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda_;
+  std::vector<std::pair<c10::Device, at::Tensor>> region_;
 };
 
 /// The CUDA devices of these tensors, each once, in order.

@@ -21,6 +21,7 @@
 #include "support/distributed_main.h"
 #include "support/errors.h"
 #include "tandem/accelerate/accelerator.h"
+#include "tandem/nn/region_rng.h"
 #include "tandem/accelerate/checkpoint_dir.h"
 #include "tandem/comm/cuda_info.h"
 #include "tandem/data/distributed_sampler.h"
@@ -548,6 +549,10 @@ int resume_scenario(int phase, int k, const std::string& dir, const std::string&
     for (auto& batch : loader) {
       auto sync = acc.accumulate(model);
       (void)at::rand({1});
+      {
+        nn::RegionRng region;  // and the tensor-parallel region's, saved with the defaults
+        (void)at::rand({1});
+      }
       at::Tensor target = batch.target.select(1, 0);
       auto cols = batch.target.select(1, 1);
       consumed.insert(consumed.end(), cols.data_ptr<int64_t>(), cols.data_ptr<int64_t>() + cols.numel());
@@ -568,7 +573,12 @@ int resume_scenario(int phase, int k, const std::string& dir, const std::string&
       file << bits << " ";
     }
   }
-  file << "\nrng " << at::rand({1}).item<float>() << "\nsamples";  // the generator's state, at the end
+  file << "\nrng " << at::rand({1}).item<float>();  // the generator's state, at the end
+  {
+    nn::RegionRng region;
+    file << " region " << at::rand({1}).item<float>();
+  }
+  file << "\nsamples";
   for (auto c : consumed) file << " " << c;
   file << "\n";
   return 0;

@@ -37,6 +37,7 @@
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/pp/schedule.h"
 #include "tandem/pp/stage.h"
+#include "tandem/tp/random.h"
 
 namespace pp = tandem::pp;
 
@@ -492,6 +493,25 @@ void accelerator_pipeline(tandem::Strategy strategy, tandem::PipelineSchedule ki
       }
     }
   }
+}
+
+// Note [Seeds per stage]: the stages build the same whole model (the same draws before
+// prepare_pipeline), then each draws its own (Megatron's seed per stage, tandem/tp/random.h).
+TEST(AcceleratorPipeline, StagesDrawTheirOwnNumbersFromPreparePipelineOn) {
+  if (W() < 2) GTEST_SKIP() << "needs two stages";
+  tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions().seed(11).progress(false).parallelism(
+                                           tandem::ParallelismConfig().pp_size(2)));
+  const at::Tensor before = at::rand({4});
+  torch::nn::Sequential whole = whole_model(2);
+  auto pipe = acc.prepare_pipeline(std::vector<torch::nn::Sequential>{part_of(whole, acc.pipeline_rank(), 1)},
+                                   [](const at::Tensor& o, const at::Tensor& t) { return at::mse_loss(o, t); });
+  const at::Tensor after = at::rand({4});
+  torch::manual_seed(tandem::tp::default_seed(11, acc.parallel_ranks()));
+  EXPECT_TRUE(at::equal(after, at::rand({4}))) << "the stage's seed";
+  const auto befores = shared_pg()->all_gather(before), afters = shared_pg()->all_gather(after);
+  const int other = acc.pipeline_rank() == 0 ? R() + W() / 2 : R() - W() / 2;  // the same dp rank, the other stage
+  EXPECT_TRUE(at::equal(befores[static_cast<size_t>(other)], before)) << "the stages built the model from one stream";
+  EXPECT_FALSE(at::equal(afters[static_cast<size_t>(other)], after)) << "the stages draw apart";
 }
 
 TEST(AcceleratorPipeline, DdpAndOneFOneBTrainAsOneProcess) {

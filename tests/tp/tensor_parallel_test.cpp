@@ -30,9 +30,11 @@
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/nn/checkpoint_module.h"
 #include "tandem/nn/hookable.h"
+#include "tandem/nn/region_rng.h"
 #include "tandem/tp/functional.h"
 #include "tandem/tp/loss_parallel.h"
 #include "tandem/tp/parallelize.h"
+#include "tandem/tp/random.h"
 
 namespace {
 
@@ -644,6 +646,26 @@ void check_accelerator_against_single_process(tandem::Strategy strategy,
   EXPECT_ERROR(acc.prepare_model(make_gpt()), "prepare_model: tp_size 2 cuts the model's layers by a plan: call "
                                              "prepare_model(model, plan) (tandem/tp/parallelize.h)");
   check_checkpoint_against_single_process(acc, x_all, y_all, per_rank, strategy, parallelism, reference, ref_opt);
+}
+
+// Megatron's seeding (tandem/tp/random.h): a tensor-parallel group draws alike outside a
+// nn::RegionRng (dropout on what it holds whole) and apart inside one (on what it holds cut).
+TEST(AcceleratorTensorParallel, TheGroupDrawsAlikeOutsideTheRegionAndApartInside) {
+  if (W() < 2) GTEST_SKIP() << "needs a group of two";
+  tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions().seed(5).progress(false).parallelism(
+                                           tandem::ParallelismConfig().tp_size(2)));
+  const at::Tensor outside = at::rand({4});
+  at::Tensor inside;
+  {
+    tandem::nn::RegionRng region;
+    inside = at::rand({4});
+  }
+  const auto outsides = shared_pg()->all_gather(outside), insides = shared_pg()->all_gather(inside);
+  const int partner = R() ^ 1;  // the mesh is (replicate, shard, tp): tp pairs are {0, 1}, {2, 3}
+  EXPECT_TRUE(at::equal(outsides[static_cast<size_t>(partner)], outside));
+  EXPECT_FALSE(at::equal(insides[static_cast<size_t>(partner)], inside));
+  torch::manual_seed(tandem::tp::region_seed(5, acc.parallel_ranks()));
+  EXPECT_TRUE(at::equal(at::rand({4}), inside)) << "the region's seed: Megatron's offset 2718 + the tp rank";
 }
 
 TEST(AcceleratorTensorParallel, DdpOverTheRestEqualsOneProcess) {

@@ -42,6 +42,7 @@
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/world.h"
 #include "tandem/fsdp/engine.h"
+#include "tandem/tp/random.h"
 #include "tandem/tp/style.h"
 #include "tandem/zero/distributed_optimizer.h"
 
@@ -122,6 +123,9 @@ class Accelerator {
   /// ("pp", "replicate", "shard", "tp") row-major (Note [Parallelism plan]).
   int data_parallel_size() const { return world_.world_size / (plan_.tp * plan_.pp); }
   int data_parallel_rank() const { return (world_.rank / plan_.tp) % data_parallel_size(); }
+  /// This process's data-parallel rank, tensor-parallel rank and pipeline stage (what seeds its
+  /// generators: tandem/tp/random.h; the stage from prepare_pipeline on).
+  tp::ParallelRanks parallel_ranks() const { return {data_parallel_rank(), world_.rank % plan_.tp, pipeline_rank()}; }
   /// Pipeline parallelism (pp_size; docs/guide-pp.md): how many processes one pipeline's stages
   /// run on, this process's place among them, and their group (under pp_size 1, a group of this
   /// process alone, made on first use: collective then).
@@ -342,6 +346,8 @@ class Accelerator {
   const TensorParallelCut& tp_cut_of(const at::Tensor& param) const;
   /// prepare_pipeline's one-line refusals, before anything is prepared.
   void check_pipeline(size_t stages, const PipelineOptions& options) const;
+  /// From here on each pipeline stage draws its own random numbers (Note [Seeds per stage]).
+  void seed_stage();
   /// Note [Clipping tensor-parallel gradients] (accelerator.cpp).
   double clip_tensor_parallel(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type);
   at::Tensor gather_over(comm::ProcessGroup* group, const at::Tensor& tensor);
@@ -476,6 +482,7 @@ PreparedPipeline<ModuleHolder> Accelerator::prepare_pipeline(std::vector<ModuleH
     models_.back().stage = true;
     models.push_back(std::move(model));
   }
+  seed_stage();
   const int m = options.microbatches() > 0 ? options.microbatches() : 2 * plan_.pp;
   const auto schedule_options = pp::ScheduleOptions().reduction(options.reduction()).track_memory(options.track_memory());
   std::unique_ptr<pp::Schedule> schedule;
