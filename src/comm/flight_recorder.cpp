@@ -62,11 +62,14 @@ std::string dump_folder() {
   return std::string(log) + "/attempt_" + (restart && *restart ? restart : "0");
 }
 
+std::atomic<bool> in_signal_handler{false};  // a dump from a fatal signal queries no device
+
 #if !defined(__SANITIZE_THREAD__)
 std::atomic<bool> g_in_fatal{false};
 
 void on_fatal_signal(int sig) {
   if (!g_in_fatal.exchange(true)) {
+    in_signal_handler = true;
     // Best effort: not async-signal-safe, but the process is ending, and this is what says where.
     dump_flight_records(std::string("fatal signal ") + std::to_string(sig) + " (" + ::strsignal(sig) + ")", true);
   }
@@ -137,6 +140,7 @@ FlightRecord::FlightRecord(std::string group, std::vector<int> global_ranks, siz
 
 uint64_t FlightRecord::issue(char kind, uint64_t seq, std::string op, int peer, const at::Tensor* tensor) {
   std::lock_guard<std::mutex> hold(mutex_);
+  sweep_locked();  // a few event queries: what the device finished since the last operation
   const uint64_t id = next_++;
   Entry& e = ring_[id % ring_.size()];
   e = Entry{};
@@ -159,6 +163,48 @@ void FlightRecord::finish(uint64_t id, bool ok) {
   if (e.id != id || e.state != State::Issued) return;
   e.state = ok ? State::Done : State::Failed;
   e.done_us = now_us();
+}
+
+// Note [Device completion]
+// A NCCL collective's wait() only orders the current stream after it: the host goes on before the
+// device has run it. Marking it done there would make a rank stuck in a collective on the device
+// look finished in its dump, the one thing a dump must not get wrong. So a stream-waited operation
+// stays "issued" until its work's CUDA event has fired, asked (never waited for) whenever the
+// group issues another operation and before every dump that is not a fatal signal's, as PyTorch's
+// NCCL watchdog asks its events for its own flight recorder.
+void FlightRecord::finish_on_device(uint64_t id, c10::intrusive_ptr<c10d::Work> work) {
+  std::lock_guard<std::mutex> hold(mutex_);
+  if (on_device_.size() >= ring_.size()) on_device_.erase(on_device_.begin());  // the ring moved past it
+  on_device_.emplace_back(id, std::move(work));
+  sweep_locked();
+}
+
+void FlightRecord::sweep() {
+  std::lock_guard<std::mutex> hold(mutex_);
+  sweep_locked();
+}
+
+void FlightRecord::sweep_locked() {
+  for (auto it = on_device_.begin(); it != on_device_.end();) {
+    bool finished = false, ok = true;
+    try {
+      finished = it->second->isCompleted();
+      ok = !finished || it->second->isSuccess();
+    } catch (const std::exception&) {
+      finished = true;
+      ok = false;
+    }
+    if (!finished) {
+      ++it;
+      continue;
+    }
+    Entry& e = ring_[it->first % ring_.size()];
+    if (e.id == it->first && e.state == State::Issued) {
+      e.state = ok ? State::Done : State::Failed;
+      e.done_us = now_us();
+    }
+    it = on_device_.erase(it);
+  }
 }
 
 void FlightRecord::write(std::string& out) const {
@@ -214,6 +260,7 @@ std::string dump_flight_records(const std::string& reason, bool first_failure_on
       size_t live = 0;
       for (auto it = r.records.begin(); it != r.records.end();) {
         if (auto record = it->lock()) {
+          if (!in_signal_handler.load()) record->sweep();  // Note [Device completion]
           record->write(text);
           ++live;
           ++it;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 namespace tandem::comm::detail {
 
@@ -54,6 +55,12 @@ class FlightRecord {
   uint64_t issue(char kind, uint64_t seq, std::string op, int peer, const at::Tensor* tensor);
   /// Marks operation `id` done or failed (nothing if the ring has moved past it).
   void finish(uint64_t id, bool ok);
+  /// Operation `id` was waited for on a stream (NCCL, Note [Stream-ordered waits]): it is done when
+  /// the device says so (`work`'s event), which sweep() asks; until then it stays "issued".
+  void finish_on_device(uint64_t id, c10::intrusive_ptr<c10d::Work> work);
+  /// Marks done (or failed) the stream-waited operations the device has finished. Not from a
+  /// signal handler (it queries CUDA events).
+  void sweep();
   /// Appends this group's lines to `out`.
   void write(std::string& out) const;
 
@@ -63,6 +70,8 @@ class FlightRecord {
   mutable std::mutex mutex_;
   std::vector<Entry> ring_;
   uint64_t next_ = 0;
+  std::vector<std::pair<uint64_t, c10::intrusive_ptr<c10d::Work>>> on_device_;  // finish_on_device, oldest first
+  void sweep_locked();
 };
 
 /// A new group's record, known to the process's dumps (the first one also installs the triggers:
