@@ -4,11 +4,14 @@
 
 #include <ATen/ATen.h>
 
+#include "common/ranks_text.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/error.h"
 
 namespace tandem::comm {
 namespace {
+
+using tandem::detail::ranks_text;
 
 // FNV-1a over the fields, names and values, each ended by a separator no value holds.
 int64_t fingerprint(const std::string& text) {
@@ -36,12 +39,6 @@ std::vector<std::pair<std::string, std::string>> parsed(const std::string& text)
     at = record + 1;
   }
   return fields;
-}
-
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
-  return text;
 }
 
 // Every rank's text, over the CPU backend: the lengths, then the bytes padded to the longest.

@@ -10,10 +10,13 @@
 #include <set>
 #include <sstream>
 
+#include "common/ranks_text.h"
 #include "tandem/error.h"
 
 namespace tandem::launch {
 namespace {
+
+using tandem::detail::ranks_text;
 
 std::vector<std::string> split(const std::string& line, char sep) {
   std::vector<std::string> parts;
@@ -79,12 +82,6 @@ FlightDump read_dump(const std::string& path) {
   }
   TANDEM_CHECK(number > 0, path, " is empty");
   return dump;
-}
-
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
-  return text;
 }
 
 std::string describe(const FlightOp& op) {

@@ -5,9 +5,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cctype>
+#include <chrono>
+#include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -289,6 +295,38 @@ TEST(Nccl, AllReduceOnCudaTensor) {
   at::Tensor g = at::ones({1 << 22}, opts);
   pg().all_reduce(g, ReduceOp::Sum);
   EXPECT_EQ(g.sum().item<double>(), double(W()) * (1 << 22));
+}
+
+// The flight recorder on NCCL (Note [Device completion] in src/comm/flight_recorder.cpp): a
+// collective on CUDA tensors is recorded with its op, size and dtype, and is "done" in a dump
+// once the device ran it (here: after a copy to the host waited for it). The dump is asked for as
+// `tandem run` asks, with SIGUSR1.
+TEST(Nccl, FlightRecorderRecordsCudaCollectivesDoneOnTheDevice) {
+  if (!tandem::test::every_rank_has_nccl()) GTEST_SKIP() << tandem::test::why_no_nccl();
+  std::string folder = ::testing::TempDir() + "flight-nccl-XXXXXX";
+  ASSERT_NE(::mkdtemp(folder.data()), nullptr);
+  ::setenv("TANDEM_FLIGHT_RECORDER_DIR", folder.c_str(), 1);
+  const c10::Device device = *pg().cuda_device();
+  at::Tensor t = at::ones({12345}, at::TensorOptions().device(device));
+  pg().all_reduce(t, ReduceOp::Sum);
+  EXPECT_EQ(t.sum().item<double>(), 12345.0 * W());  // the host waited for the device
+  const std::string path = folder + "/flight_rank_" + std::to_string(R()) + ".txt";
+  ::raise(SIGUSR1);
+  std::string text;
+  for (int i = 0; i < 100 && text.find("12345") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream in(path);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ::unsetenv("TANDEM_FLIGHT_RECORDER_DIR");
+  bool found = false;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("op\tC\t", 0) != 0 || line.find("\t12345\tFloat\t") == std::string::npos) continue;
+    found = true;
+    EXPECT_NE(line.find("\tdone\t"), std::string::npos) << line;
+  }
+  EXPECT_TRUE(found) << "no all-reduce of 12345 floats in " << path << ":\n" << text;
 }
 
 // Run alone (its own ctest entry): rank 0 skips a collective that rank 1 enters, so rank 1 must

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <optional>
 
 #include <torch/nn/functional/activation.h>
@@ -25,6 +26,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/sgd.h>
 #include <torch/autograd.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
@@ -875,6 +877,47 @@ TEST(Fsdp, ClipGradNormOverShardsEqualsTorch) {
     const int64_t rows = g.size(0), chunk = (rows + W - 1) / W;
     const int64_t first = std::min(rows, rank * chunk), last = std::min(rows, (rank + 1) * chunk);
     EXPECT_TRUE(close_at_scale(shards[i].second.grad(), g.narrow(0, first, last - first), 1e-5)) << named[i].first;
+  }
+}
+
+// The same on CUDA (scripts/gpu-check): shards, reduce-scatters and the norm's all-reduce on the
+// device (NCCL); three steps of clipping to half the norm, then SGD, equal torch's on the whole
+// model, for both norm types.
+TEST(FsdpGpu, ClipGradNormOnCudaEqualsTorch) {
+  if (!tandem::test::every_rank_has_nccl()) GTEST_SKIP() << tandem::test::why_no_nccl();
+  const auto cuda = *pg().cuda_device();
+  const Model m = mlp();
+  auto ref = m.make();
+  ref->to(cuda);
+  auto net = m.make();
+  net->to(cuda);
+  m.wrap(net);
+  fsdp::FullyShardedDataParallel model(net, shared_pg());
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+  int step = 0;
+  for (double norm_type : {2.0, std::numeric_limits<double>::infinity(), 2.0}) {
+    // Every rank on the whole batch: the average over the ranks is the batch's gradient.
+    auto [x, y] = m.batch(step++, 0, 0);
+    x = x.to(cuda);
+    y = y.to(cuda);
+    m.loss(ref->forward(x), y).backward();
+    const double whole = torch::nn::utils::clip_grad_norm_(ref->parameters(), 1e9, norm_type);
+    const double expected = torch::nn::utils::clip_grad_norm_(ref->parameters(), whole / 2, norm_type);
+    m.loss(model->forward(x), y).backward();
+    const double norm = model->clip_grad_norm(whole / 2, norm_type);
+    EXPECT_NEAR(norm, expected, 1e-5 * expected) << norm_type;
+    opt.step();
+    opt.zero_grad();
+    ref_opt.step();
+    ref_opt.zero_grad();
+  }
+  const auto gathered = model->gather_parameters();
+  const auto named = named_of(*ref);
+  ASSERT_EQ(gathered.size(), named.size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    EXPECT_TRUE(gathered[i].second.is_cuda()) << named[i].first;
+    EXPECT_TRUE(close_at_scale(gathered[i].second.cpu(), named[i].second.detach().cpu(), 1e-5)) << named[i].first;
   }
 }
 

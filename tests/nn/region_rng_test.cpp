@@ -94,30 +94,44 @@ struct RegionBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(RegionBlock);
 
-TEST(RegionRng, ACheckpointedRecomputeDrawsTheForwardsMasks) {
-  struct Run {
-    at::Tensor out, grad_x, grad_w, default_after, region_after;
-  };
-  auto run = [](bool checkpointed) {
+struct RegionRun {
+  at::Tensor out, grad_x, grad_w, default_after, region_after;
+};
+
+void expect_region_runs_identical(c10::Device device) {
+  auto run = [device](bool checkpointed) {
     torch::manual_seed(0);
     RegionBlock block;
-    at::Tensor x = at::randn({5, 6}).requires_grad_(true);
+    block->to(device);
+    at::Tensor x = at::randn({5, 6}).to(device).requires_grad_(true);
     tp::manual_seed(7, {0, 1, 0});
-    Run r;
+    RegionRun r;
     r.out = checkpointed ? tandem::nn::checkpoint(block, x) : block->forward(x);
     r.out.pow(2).sum().backward();
     r.grad_x = x.grad().clone();
     r.grad_w = block->fc->weight.grad().clone();
-    r.default_after = at::rand({3});
-    r.region_after = region_rand(3);
+    r.default_after = at::rand({3}, at::TensorOptions().device(device));
+    {
+      RegionRng region;
+      r.region_after = at::rand({3}, at::TensorOptions().device(device));
+    }
     return r;
   };
-  const Run plain = run(false), got = run(true);
+  const RegionRun plain = run(false), got = run(true);
   EXPECT_TRUE(at::equal(plain.out, got.out));
   EXPECT_TRUE(at::equal(plain.grad_x, got.grad_x));
   EXPECT_TRUE(at::equal(plain.grad_w, got.grad_w));
   EXPECT_TRUE(at::equal(plain.default_after, got.default_after));
   EXPECT_TRUE(at::equal(plain.region_after, got.region_after));
+}
+
+TEST(RegionRng, ACheckpointedRecomputeDrawsTheForwardsMasks) { expect_region_runs_identical(c10::Device(c10::kCPU)); }
+
+// The same on the GPU (gpu.nn.checkpoint): the CUDA generator's region state is swapped, captured
+// and restored as the CPU's is.
+TEST(CheckpointCuda, RegionDropoutOnTheGpuIsBitIdentical) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device visible";
+  expect_region_runs_identical(c10::Device(c10::kCUDA, 0));
 }
 
 TEST(RegionRngErrors, BadInputs) {

@@ -323,15 +323,20 @@ void expect_replicated_bit_identical(const at::Tensor& t, tandem::comm::ProcessG
 
 // One plan against the single process: loss, gradients (joined, and replicated ones the same on
 // every rank), and weights after three AdamW steps.
-void check_plan_against_single_process(const tp::Plan& plan, bool checkpointed = false) {
+void check_plan_against_single_process(const tp::Plan& plan, bool checkpointed = false,
+                                       c10::Device device = c10::Device(c10::kCPU)) {
   auto group = shared_pg();
   Gpt reference = make_gpt();
+  reference->to(device);
   Gpt model = make_gpt(checkpointed);
+  model->to(device);
   const tp::Layout layout = tp::parallelize(*model, group, plan);
   torch::optim::AdamW ref_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
   for (int step = 0; step < 3; ++step) {
     auto [x, y] = batch(4, 100 + step);
+    x = x.to(device);
+    y = y.to(device);
     at::Tensor ref_loss = whole_loss(reference, x, y);
     at::Tensor loss = parallel_loss(model, x, y, group);
     EXPECT_TRUE(at::allclose(loss, ref_loss, 1e-5, 1e-6)) << "step " << step << ": " << loss << " vs " << ref_loss;
@@ -360,10 +365,22 @@ void check_plan_against_single_process(const tp::Plan& plan, bool checkpointed =
   // Without autograd too (evaluation).
   at::NoGradGuard no_grad;
   auto [x, y] = batch(4, 150);
+  x = x.to(device);
+  y = y.to(device);
   EXPECT_TRUE(at::allclose(parallel_loss(model, x, y, group), whole_loss(reference, x, y), 1e-5, 1e-6));
 }
 
 TEST(TensorParallel, MegatronPlanEqualsOneProcess) { check_plan_against_single_process(megatron_plan()); }
+
+// The same on CUDA (scripts/gpu-check): the plans' collectives on NCCL, the replicated-input
+// check a MiB at a time on the device, the token and target checks as device-side asserts; the
+// sequence-parallel plan with activation checkpointing (the recompute on the device).
+TEST(TensorParallelGpu, PlansOnCudaEqualOneProcess) {
+  if (!tandem::test::every_rank_has_nccl()) GTEST_SKIP() << tandem::test::why_no_nccl();
+  const c10::Device cuda = *pg().cuda_device();
+  check_plan_against_single_process(megatron_plan(), /*checkpointed=*/false, cuda);
+  check_plan_against_single_process(sequence_parallel_plan(), /*checkpointed=*/true, cuda);
+}
 
 TEST(TensorParallel, SequenceParallelPlanEqualsOneProcess) {
   check_plan_against_single_process(sequence_parallel_plan());

@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <limits>
 
 #include <torch/nn/modules/embedding.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/lbfgs.h>
 
 #include "support/distributed_main.h"
@@ -236,5 +238,41 @@ TEST(GradientShardedOptimizer, RefusesWhatItCannotShard) {
     GradientShardedOptimizer sharded(sgd, model->reducer(), shared_pg());
     EXPECT_ERROR_HAS((model->forward(torch::tensor({1, 2, 3})).sum()).backward(),
                      "ZeRO-2 shards dense gradients only");
+  }
+}
+
+// The same on CUDA (scripts/gpu-check): DDP's reduce-scatter into the shards and the norm's
+// all-reduce on the device (NCCL); three steps of clipping to half the norm, then SGD, equal
+// torch's on the whole model, for both norm types.
+TEST(GradientShardedOptimizerGpu, ClipGradNormOnCudaEqualsTorch) {
+  if (!tandem::test::every_rank_has_nccl()) GTEST_SKIP() << tandem::test::why_no_nccl();
+  const auto cuda = *pg().cuda_device();
+  auto ref = make_net();
+  ref->to(cuda);
+  auto net = make_net();
+  net->to(cuda);
+  tandem::ddp::DistributedDataParallel model(net, shared_pg());
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  GradientShardedOptimizer sharded(sgd, model->reducer(), shared_pg());
+  torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
+  uint64_t seed = 40;
+  for (double norm_type : {2.0, std::numeric_limits<double>::infinity(), 2.0}) {
+    torch::manual_seed(seed++);  // every rank on the whole batch: their average is its gradient
+    const at::Tensor x = torch::randn({8, 13}).to(cuda), y = torch::randn({8, 3}).to(cuda);
+    (ref->forward(x) - y).pow(2).mean().backward();
+    const double whole = torch::nn::utils::clip_grad_norm_(ref->parameters(), 1e9, norm_type);
+    const double expected = torch::nn::utils::clip_grad_norm_(ref->parameters(), whole / 2, norm_type);
+    (model->forward(x) - y).pow(2).mean().backward();
+    const double norm = sharded.clip_grad_norm(net->parameters(), whole / 2, norm_type);
+    EXPECT_NEAR(norm, expected, 1e-5 * expected) << norm_type;
+    sharded.step();
+    sharded.zero_grad();
+    ref_sgd.step();
+    ref_sgd.zero_grad();
+  }
+  const auto got = net->parameters(), want = ref->parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(got[i].is_cuda()) << i;
+    EXPECT_TRUE(at::allclose(got[i].detach().cpu(), want[i].detach().cpu(), 1e-5, 1e-6)) << "parameter " << i;
   }
 }
