@@ -75,6 +75,7 @@ struct LoaderProgress {
 template <typename Dataset>
 class PreparedLoader {
  public:
+  struct State;  // below; named here for Iterator's members (clang looks them up in order)
   using Batch = torch::data::Example<>;
   using Observer = std::function<void(const LoaderProgress&)>;
 
