@@ -35,6 +35,7 @@
 #include "support/compare.h"
 #include "support/distributed_main.h"
 #include "support/errors.h"
+#include "support/raise_in_backward.h"
 #include "tandem/fsdp/auto_wrap.h"
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "zero/zero_test_models.h"
@@ -170,36 +171,15 @@ Model twice() {
 // the unit before it launched, not waited for); or between the first two layers (after the later
 // units' reduce-scatters and gathers).
 enum class RaiseAt : int64_t { Nowhere, Output, LastUnit, MidModel };
-RaiseAt g_raise_at = RaiseAt::Nowhere;
+using Raising = tandem::test::RaiseInBackward<RaiseAt>;
+using Raises = tandem::test::Raises<RaiseAt>;
 int g_backward_failures = 0;
-
-// Identity forward; its backward raises when g_raise_at is its place.
-struct RaiseInBackward : torch::autograd::Function<RaiseInBackward> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t where) {
-    ctx->saved_data["where"] = where;
-    return x.clone();
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    if (static_cast<int64_t>(g_raise_at) == ctx->saved_data["where"].toInt()) {
-      throw std::runtime_error("injected failure in backward");
-    }
-    return {grads[0], at::Tensor()};
-  }
-};
-
-struct RaisesImpl : nn::Module {
-  explicit RaisesImpl(RaiseAt where) : where(where) {}
-  at::Tensor forward(const at::Tensor& x) { return RaiseInBackward::apply(x, static_cast<int64_t>(where)); }
-  RaiseAt where;
-};
-TORCH_MODULE(Raises);
 
 // The last unit: a Linear whose output raises in backward at RaiseAt::LastUnit.
 struct RaisingHeadImpl : nn::Module {
   RaisingHeadImpl() : linear(register_module("linear", nn::Linear(7, 3))) {}
   at::Tensor forward(const at::Tensor& x) {
-    return RaiseInBackward::apply(linear(x), static_cast<int64_t>(RaiseAt::LastUnit));
+    return Raising::apply(linear(x), RaiseAt::LastUnit);
   }
   nn::Linear linear;
 };
@@ -350,14 +330,14 @@ std::vector<std::pair<std::string, at::Tensor>> train_fsdp(const Model& m, const
       auto [x, y] = m.batch(step, rank, micro);
       auto backward = [&] {
         at::Tensor loss = m.loss(model->forward(input_as(x, run.dtype)), input_as(y, run.dtype)) / run.accumulation;
-        if (step == run.failing_step) g_raise_at = rank == 0 ? run.raise_first : run.raise_others;
+        if (step == run.failing_step) Raising::armed() = rank == 0 ? run.raise_first : run.raise_others;
         try {
           loss.backward();
         } catch (const std::exception& e) {
           EXPECT_THAT(tandem::one_line(e), testing::HasSubstr("injected failure in backward"));  // the user's own error
           ++g_backward_failures;
         }
-        g_raise_at = RaiseAt::Nowhere;
+        Raising::armed() = RaiseAt::Nowhere;
       };
       if (micro + 1 < run.accumulation) {
         auto guard = model->no_sync();
@@ -1030,7 +1010,7 @@ int main(int argc, char** argv) {
     for (int step = 0; step < 6; ++step) {
       auto [x, y] = m.batch(step, pg().rank(), 0);
       at::Tensor loss = m.loss(model->forward(x), y);
-      g_raise_at = step == 2 && pg().rank() == 1 ? RaiseAt::MidModel : RaiseAt::Nowhere;
+      Raising::armed() = step == 2 && pg().rank() == 1 ? RaiseAt::MidModel : RaiseAt::Nowhere;
       try {
         loss.backward();
       } catch (const std::exception& e) {

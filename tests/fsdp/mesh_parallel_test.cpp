@@ -8,13 +8,13 @@
 #include <cstdio>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/adamw.h>
 
 #include "../zero/zero_test_models.h"
 #include "support/distributed_main.h"
 #include "support/errors.h"
+#include "support/raise_in_backward.h"
 #include "tandem/comm/device_mesh.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/fsdp/auto_wrap.h"
@@ -102,6 +102,15 @@ std::vector<std::vector<int>> shapes() {
   return out;
 }
 
+// A (replicate, shard) mesh's shard groups in replica order: replica r holds ranks r*S .. r*S+S-1.
+std::vector<std::vector<int>> shard_groups_of(const std::vector<int>& shape) {
+  std::vector<std::vector<int>> groups(static_cast<size_t>(shape[0]));
+  for (int r = 0; r < shape[0]; ++r) {
+    for (int s = 0; s < shape[1]; ++s) groups[static_cast<size_t>(r)].push_back(r * shape[1] + s);
+  }
+  return groups;
+}
+
 std::string text(const std::vector<int>& shape) { return std::to_string(shape[0]) + " x " + std::to_string(shape[1]); }
 
 }  // namespace
@@ -144,11 +153,7 @@ TEST(MeshParallel, DdpAndZeroOverTheDpDimensionEqualTheirGroupsOracle) {
 TEST(MeshParallel, HsdpEqualsDataParallelOverEveryRank) {
   for (const auto& shape : shapes()) {
     DeviceMesh mesh(shared_pg(), {shape[0], shape[1]}, {"replicate", "shard"});
-    std::vector<std::vector<int>> shard_groups;  // in replica order: replica r holds ranks r*S .. r*S+S-1
-    for (int r = 0; r < shape[0]; ++r) {
-      shard_groups.emplace_back();
-      for (int s = 0; s < shape[1]; ++s) shard_groups.back().push_back(r * shape[1] + s);
-    }
+    const auto shard_groups = shard_groups_of(shape);
     const auto dtype = dtype_for(std::max(shape[0], shape[1]));
     const auto expected = reference(shard_groups, dtype);
     auto net = make_net_as(dtype);
@@ -202,39 +207,15 @@ TEST(MeshParallel, HsdpAllReducesAcrossTheReplicasDuringBackward) {
 // failed one never ran, with no collective out of step.
 namespace {
 enum class RaiseAt : int64_t { Nowhere, Output, MidModel };
-RaiseAt g_raise_at = RaiseAt::Nowhere;
-
-struct RaiseInBackward : torch::autograd::Function<RaiseInBackward> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t where) {
-    ctx->saved_data["where"] = where;
-    return x.clone();
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    if (static_cast<int64_t>(g_raise_at) == ctx->saved_data["where"].toInt()) {
-      throw std::runtime_error("injected failure in backward");
-    }
-    return {grads[0], at::Tensor()};
-  }
-};
-
-struct RaisesImpl : torch::nn::Module {
-  explicit RaisesImpl(RaiseAt where) : where(where) {}
-  at::Tensor forward(const at::Tensor& x) { return RaiseInBackward::apply(x, static_cast<int64_t>(where)); }
-  RaiseAt where;
-};
-TORCH_MODULE(Raises);
+using Raising = tandem::test::RaiseInBackward<RaiseAt>;
+using Raises = tandem::test::Raises<RaiseAt>;
 }  // namespace
 
 TEST(MeshParallel, HsdpRecoversFromABackwardThatRaisesAtDifferentPlacesOnTheReplicas) {
   for (const auto& shape : shapes()) {
     if (shape[0] < 2) continue;
     DeviceMesh mesh(shared_pg(), {shape[0], shape[1]}, {"replicate", "shard"});
-    std::vector<std::vector<int>> shard_groups;
-    for (int r = 0; r < shape[0]; ++r) {
-      shard_groups.emplace_back();
-      for (int s = 0; s < shape[1]; ++s) shard_groups.back().push_back(r * shape[1] + s);
-    }
+    const auto shard_groups = shard_groups_of(shape);
     const auto dtype = dtype_for(std::max(shape[0], shape[1]));
     const auto expected = reference(shard_groups, dtype);
     // make_net()'s layers and initial values, with identities that may raise in backward.
@@ -249,10 +230,10 @@ TEST(MeshParallel, HsdpRecoversFromABackwardThatRaisesAtDifferentPlacesOnTheRepl
     fsdp::shard_optimizer(*optimizer, model->engine());
     {
       const int replica = pg().rank() / shape[1];
-      g_raise_at = replica == 0 ? RaiseAt::MidModel : RaiseAt::Output;
+      Raising::armed() = replica == 0 ? RaiseAt::MidModel : RaiseAt::Output;
       auto [x, y] = batch(99, pg().rank(), dtype);
       EXPECT_ERROR_HAS((model->forward(x) - y).pow(2).mean().backward(), "injected failure in backward");
-      g_raise_at = RaiseAt::Nowhere;
+      Raising::armed() = RaiseAt::Nowhere;
     }
     for (int step = 0; step < kSteps; ++step) {
       auto [x, y] = batch(step, pg().rank(), dtype);
