@@ -111,6 +111,20 @@ std::vector<std::vector<int>> shard_groups_of(const std::vector<int>& shape) {
   return groups;
 }
 
+// kSteps of the reference's training on this rank's batches; the parameters gathered whole.
+template <typename Model>
+std::vector<at::Tensor> train_and_gather(Model& model, torch::optim::Optimizer& optimizer, at::ScalarType dtype) {
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = batch(step, pg().rank(), dtype);
+    (model->forward(x) - y).pow(2).mean().backward();
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  std::vector<at::Tensor> got;
+  for (const auto& item : model->gather_parameters()) got.push_back(item.second);
+  return got;
+}
+
 std::string text(const std::vector<int>& shape) { return std::to_string(shape[0]) + " x " + std::to_string(shape[1]); }
 
 }  // namespace
@@ -161,14 +175,7 @@ TEST(MeshParallel, HsdpEqualsDataParallelOverEveryRank) {
     auto optimizer = optimizers()[2].second(split_params(*net));
     fsdp::FullyShardedDataParallel model(net, mesh);
     fsdp::shard_optimizer(*optimizer, model->engine());
-    for (int step = 0; step < kSteps; ++step) {
-      auto [x, y] = batch(step, pg().rank(), dtype);
-      (model->forward(x) - y).pow(2).mean().backward();
-      optimizer->step();
-      optimizer->zero_grad();
-    }
-    std::vector<at::Tensor> got;
-    for (const auto& item : model->gather_parameters()) got.push_back(item.second);
+    const auto got = train_and_gather(model, *optimizer, dtype);
     const double diff = max_relative_difference(got, expected);
     if (pg().rank() == 0) std::printf("HSDP %s, %s: max relative difference %.3g\n", text(shape).c_str(), c10::toString(dtype), diff);
     EXPECT_LE(diff, tolerance_for(dtype)) << "HSDP over a " << text(shape) << " mesh";
@@ -235,14 +242,7 @@ TEST(MeshParallel, HsdpRecoversFromABackwardThatRaisesAtDifferentPlacesOnTheRepl
       EXPECT_ERROR_HAS((model->forward(x) - y).pow(2).mean().backward(), "injected failure in backward");
       Raising::armed() = RaiseAt::Nowhere;
     }
-    for (int step = 0; step < kSteps; ++step) {
-      auto [x, y] = batch(step, pg().rank(), dtype);
-      (model->forward(x) - y).pow(2).mean().backward();
-      optimizer->step();
-      optimizer->zero_grad();
-    }
-    std::vector<at::Tensor> got;
-    for (const auto& item : model->gather_parameters()) got.push_back(item.second);
+    const auto got = train_and_gather(model, *optimizer, dtype);
     EXPECT_LE(max_relative_difference(got, expected), tolerance_for(dtype)) << "HSDP over a " << text(shape) << " mesh";
   }
 }
