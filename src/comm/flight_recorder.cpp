@@ -13,6 +13,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "comm/nccl_backend.h"
 #include "common/durable_io.h"
 
 namespace tandem::comm::detail {
@@ -172,6 +173,14 @@ void FlightRecord::finish(uint64_t id, bool ok) {
 // stays "issued" until its work's CUDA event has fired, asked (never waited for) whenever the
 // group issues another operation and before every dump that is not a fatal signal's, as PyTorch's
 // NCCL watchdog asks its events for its own flight recorder.
+void FlightRecord::finish_waited(uint64_t id, const c10::intrusive_ptr<c10d::Work>& work) {
+  if (is_nccl_work(*work)) {
+    finish_on_device(id, work);
+  } else {
+    finish(id, true);
+  }
+}
+
 void FlightRecord::finish_on_device(uint64_t id, c10::intrusive_ptr<c10d::Work> work) {
   std::lock_guard<std::mutex> hold(mutex_);
   if (on_device_.size() >= ring_.size()) on_device_.erase(on_device_.begin());  // the ring moved past it

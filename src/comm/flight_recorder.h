@@ -55,8 +55,11 @@ class FlightRecord {
   uint64_t issue(char kind, uint64_t seq, std::string op, int peer, const at::Tensor* tensor);
   /// Marks operation `id` done or failed (nothing if the ring has moved past it).
   void finish(uint64_t id, bool ok);
-  /// Operation `id` was waited for on a stream (NCCL, Note [Stream-ordered waits]): it is done when
-  /// the device says so (`work`'s event), which sweep() asks; until then it stays "issued".
+  /// Operation `id`'s `work` was waited for: done, or for a NCCL work, which wait() only ordered
+  /// on a stream (Note [Stream-ordered waits]), done when the device says so (its event), which
+  /// sweep() asks; until then it stays "issued".
+  void finish_waited(uint64_t id, const c10::intrusive_ptr<c10d::Work>& work);
+  /// The device's half of it: `work` is done when its isCompleted() says so.
   void finish_on_device(uint64_t id, c10::intrusive_ptr<c10d::Work> work);
   /// Marks done (or failed) the stream-waited operations the device has finished. Not from a
   /// signal handler (it queries CUDA events).

@@ -38,13 +38,9 @@ class PointToPointWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override {
     try {
       // Note [Stream-ordered waits]: a CUDA work only orders the current stream after it.
-      const bool cuda = comm::detail::is_nccl_work(*inner_);
-      const bool done = cuda ? inner_->wait() : inner_->wait(timeout == kNoTimeout ? timeout_ : timeout);
-      if (flight_ && cuda) {
-        flight_->finish_on_device(flight_id_, inner_);  // Note [Device completion]
-      } else if (flight_) {
-        flight_->finish(flight_id_, true);
-      }
+      const bool done = comm::detail::is_nccl_work(*inner_) ? inner_->wait()
+                                                           : inner_->wait(timeout == kNoTimeout ? timeout_ : timeout);
+      if (flight_) flight_->finish_waited(flight_id_, inner_);  // Note [Device completion]
       return done;
     } catch (const std::exception& e) {
       const Error error(what_ + ": " + one_line(e));

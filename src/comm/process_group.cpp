@@ -357,13 +357,7 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
     detail::dump_flight_records(error.what(), /*first_failure_only=*/true);  // Note [Flight recorder]
     throw error;
   }
-  if (flight_ && call) {
-    if (cuda) {
-      flight_->finish_on_device(call->flight, work);  // Note [Device completion]
-    } else {
-      flight_->finish(call->flight, true);
-    }
-  }
+  if (flight_ && call) flight_->finish_waited(call->flight, work);  // Note [Device completion]
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::lock_guard<std::mutex> hold(calls_mutex_);
   traffic_.wait_s += waited;
