@@ -58,6 +58,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
+// "sending the activation of microbatch 2 to rank 3": a message as the failure lines name it.
+std::string describe(const Transfer& t) {
+  return std::string(t.send ? "sending" : "receiving") + " the " + (t.message.gradient ? "gradient" : "activation") +
+         " of microbatch " + std::to_string(t.message.microbatch) + (t.send ? " to" : " from") + " rank " +
+         std::to_string(t.peer);
+}
+
+// A batched exchange failed: the line names the stage and the message(s), as an action's failure
+// names the stage and the microbatch (Note [The first failed stage] in stage.cpp).
+struct MessageFailed : Error {
+  MessageFailed(Stage& stage, const std::string& what, const std::exception& e)
+      : Error("pp: stage " + std::to_string(stage.index()) + " failed " + what + ": " + one_line(e)), stage(stage) {}
+  Stage& stage;
+};
+
 }  // namespace
 
 std::vector<Action> gpipe_actions(int processes, int rank, int microbatches) {
@@ -422,10 +437,13 @@ void Schedule::run_plan(const std::vector<PlanStep>& plan, const std::vector<Act
     if (step.batch.empty()) continue;
     try {
       exchange(step.batch, state);
+    } catch (const MessageFailed& e) {
+      throw Error(e.stage.explain_failure(one_line(e)));
     } catch (const std::exception& e) {
+      std::string what = "exchanging a step's messages (";
+      for (size_t i = 0; i < step.batch.size(); ++i) what += (i ? ", " : "") + describe(step.batch[i]);
       Stage& st = *stages_.front();
-      throw Error(st.explain_failure("pp: rank " + std::to_string(st.group().rank()) +
-                                     " of the pipeline failed exchanging messages: " + one_line(e)));
+      throw Error(st.explain_failure(MessageFailed(st, what + ")", e).what()));
     }
   }
   TANDEM_CHECK(state.outbox.empty() && state.mailbox.empty(), "pp: messages left at the end of the step (the schedule's "
@@ -491,7 +509,14 @@ void Schedule::exchange(const std::vector<Transfer>& batch, State& state) {
   if (!headers.empty()) {
     const auto start = Clock::now();
     header_works = group.batch_isend_irecv(headers);
-    for (auto& w : header_works) group.wait(w, "pp: rank " + std::to_string(group.rank()) + "'s exchange of activation shapes");
+    for (const Placed& p : placed) {
+      if (!p.header) continue;
+      try {
+        group.wait(header_works[*p.header], "the shape's " + std::string(p.transfer.send ? "send" : "receive"));
+      } catch (const std::exception& e) {
+        throw MessageFailed(*p.stage, describe(p.transfer) + " (its shape)", e);
+      }
+    }
     state.blocked_seconds += seconds_since(start);
     for (Placed& p : placed) {
       if (p.transfer.send || !p.header) continue;

@@ -840,11 +840,11 @@ struct FailingImpl : torch::nn::Module {
 };
 TORCH_MODULE(Failing);
 
-// Stage `failing` fails in its third forward (microbatch 2); the others train normally. The job
-// must end with that stage named, never hang: a stage blocked in a receive from it is stopped by
-// the launcher when its process exits.
-int run_failing_pipeline(int failing, bool kill) {
-  Failing part(R() == failing ? 2 : -1, kill);
+// Stage `failing` fails in the forward of microbatch `fail_at`; the others train normally. The
+// job must end with that stage named, never hang: a stage blocked in a receive from it is stopped
+// by the launcher when its process exits.
+int run_failing_pipeline(int failing, int fail_at, bool kill) {
+  Failing part(R() == failing ? fail_at : -1, kill);
   pp::Stage stage(part, R(), W(), shared_pg());
   pp::Schedule1F1B schedule(stage, 2 * W(), [](const at::Tensor& o, const at::Tensor& t) { return at::mse_loss(o, t); });
   auto [x, y] = batch(4 * W(), 9);
@@ -856,7 +856,8 @@ int run_failing_pipeline(int failing, bool kill) {
 
 int main(int argc, char** argv) {
   tandem::test::Scenarios scenarios;
-  scenarios["stage-1-raises"] = [] { return run_failing_pipeline(1, false); };
-  scenarios["stage-2-killed"] = [] { return run_failing_pipeline(2, true); };
+  scenarios["stage-1-raises"] = [] { return run_failing_pipeline(1, 2, false); };
+  scenarios["stage-1-raises-at-once"] = [] { return run_failing_pipeline(1, 0, false); };
+  scenarios["stage-2-killed"] = [] { return run_failing_pipeline(2, 2, true); };
   return tandem::test::distributed_test_main(argc, argv, scenarios);
 }
