@@ -129,14 +129,29 @@ void Accelerator::check_pipeline(size_t stages, const PipelineOptions& options) 
   TANDEM_CHECK(stages >= 1, "prepare_pipeline: no stage given (this process's parts of the model)");
   TANDEM_CHECK(stages == 1 || options.schedule() == PipelineSchedule::Interleaved1F1B, "prepare_pipeline: ", stages,
                " stages on this process: only PipelineSchedule::Interleaved1F1B runs several per process");
-  TANDEM_CHECK(options_.mixed_precision() != Precision::Fp16, "prepare_pipeline: fp16 under a pipeline is not built "
+  // The schedules' own refusals of m, here before any stage is prepared (same on every process).
+  const int m = options.microbatches() > 0 ? options.microbatches() : 2 * plan_.pp;
+  TANDEM_CHECK(options.microbatches() >= 0, "prepare_pipeline: microbatches ", options.microbatches(),
+               " (0: twice pp_size)");
+  TANDEM_CHECK(m >= plan_.pp, "prepare_pipeline: ", m, " microbatches over pp_size ", plan_.pp,
+               ": a pipeline needs at least as many microbatches as processes to fill");
+  TANDEM_CHECK(options.schedule() != PipelineSchedule::Interleaved1F1B || m % plan_.pp == 0, "prepare_pipeline: ",
+               "interleaved 1F1B with ", m, " microbatches over pp_size ", plan_.pp,
+               ": the microbatches must be a multiple of the processes");
+  check_pipeline_options("prepare_pipeline");
+}
+
+// What a pipeline cannot compose with, from the options alone: refused at construction under
+// pp_size > 1 (before anything is prepared), and by prepare_pipeline at pp_size 1.
+void Accelerator::check_pipeline_options(const std::string& who) const {
+  TANDEM_CHECK(options_.mixed_precision() != Precision::Fp16, who, ": fp16 under a pipeline is not built "
                "yet (its loss scale would have to reach every stage's backward); use Precision::Bf16");
-  TANDEM_CHECK(options_.gradient_accumulation_steps() == 1, "prepare_pipeline: gradient_accumulation_steps ",
+  TANDEM_CHECK(options_.gradient_accumulation_steps() == 1, who, ": gradient_accumulation_steps ",
                options_.gradient_accumulation_steps(), ": a pipeline step accumulates its microbatches already; raise "
                "PipelineOptions::microbatches instead");
-  TANDEM_CHECK(options_.zero_stage() == 0, "prepare_pipeline: zero_stage ", options_.zero_stage(),
+  TANDEM_CHECK(options_.zero_stage() == 0, who, ": zero_stage ", options_.zero_stage(),
                " over pipeline stages is not built yet; use Strategy::Fsdp (it shards each stage) or zero_stage 0");
-  TANDEM_CHECK(plan_.strategy != Strategy::DataParallel, "prepare_pipeline: DataParallel runs in one process; a "
+  TANDEM_CHECK(plan_.strategy != Strategy::DataParallel, who, ": DataParallel runs in one process; a "
                "pipeline's stages run one process each (Strategy::Ddp, Fsdp or Auto)");
 }
 
@@ -177,6 +192,7 @@ void Accelerator::choose_strategy() {
   TANDEM_CHECK(options_.zero_stage() == 0 || plan_.strategy != Strategy::DataParallel, "Accelerator: zero_stage ",
                options_.zero_stage(), " shards the optimizer across processes, and DataParallel runs in one: start "
                "one process per device (tandem run --nproc-per-node N) with Strategy::Ddp, or use zero_stage 0");
+  if (plan_.pp > 1) check_pipeline_options("Accelerator: pp_size " + std::to_string(plan_.pp));
   device_ = gpus > 0 ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
                                                    plan_.strategy == Strategy::DataParallel ? 0 : world_.local_rank))
                      : c10::Device(c10::kCPU);
@@ -205,26 +221,40 @@ void Accelerator::checkpoint_activations(torch::nn::Module& model) const {
   nn::checkpoint_modules(model, *options_.activation_checkpointing());
 }
 
-Accelerator::TensorPiece Accelerator::piece_of(const at::Tensor& param, const std::vector<int64_t>& local_shape,
-                                               const TensorParallelCut& cut,
-                                               std::optional<std::pair<int64_t, int64_t>> rows) {
-  TensorPiece piece;
-  piece.shape = local_shape;
-  piece.offsets.assign(std::max<size_t>(local_shape.size(), 1), 0);
-  piece.sizes = local_shape.empty() ? std::vector<int64_t>{1} : local_shape;
+// Note [Layouts]
+// Every tensor of a prepared model lies on the mesh ("replicate", "shard", "tp") of its pipeline
+// stage (a stage's tensors live on its processes only, so "pp" is not among a layout's
+// dimensions) as DTensor would place it: Replicate along "replicate"; along "shard", FSDP's rows
+// (Shard(0); a _StridedShard when tensor parallelism cut dim 0 first, since FSDP shards the
+// rows of the piece it was given) or Replicate; along "tp", the plan's Shard(d) or Replicate.
+// Strategies are compositions of placements: DDP (R, R, R), FSDP (R, S(0), R), HSDP with
+// replicas, TP (R, R, S(d)), FSDP + TP (R, S(0), S(d)). The box follows from the placements
+// (comm::local_chunk, the one split rule); FSDP's own rows are checked against it. Which copy
+// counts (checkpoints write it, clip_grad_norm sums it) is Layout::counts: the first along every
+// Replicate dimension.
+comm::Layout Accelerator::layout_of(const at::Tensor& param, const std::vector<int64_t>& local_shape,
+                                    const TensorParallelCut& cut, std::optional<std::pair<int64_t, int64_t>> rows) const {
+  const int stage_size = plan_.replicate * plan_.shard * plan_.tp;
+  const int r = world_.rank % stage_size;  // row-major (Note [Parallelism plan])
+  std::vector<int64_t> coordinate{r / (plan_.shard * plan_.tp), (r / plan_.tp) % plan_.shard, r % plan_.tp};
+  std::vector<int64_t> shape = local_shape;
+  comm::Placement tp = comm::Placement::replicate(), shard = comm::Placement::replicate();
   auto it = cut.dims.find(param.unsafeGetTensorImpl());
   if (it != cut.dims.end()) {  // tp::parallelize cuts evenly: rank r holds the r-th of `size` equal parts
-    const auto d = static_cast<size_t>(it->second);
-    piece.shape[d] = local_shape[d] * cut.size;
-    piece.offsets[d] = local_shape[d] * cut.rank;
-    piece.tp_cut = true;
+    shape[static_cast<size_t>(it->second)] *= cut.size;
+    tp = comm::Placement::shard(it->second);
   }
-  if (rows) {  // FSDP's rows of the (tensor-parallel) piece
-    piece.offsets[0] += rows->first;
-    piece.sizes[0] = rows->second;
-    piece.fsdp_rows = true;
+  if (rows) shard = tp.is_shard() && tp.dim == 0 ? comm::Placement::strided_shard(0, plan_.tp) : comm::Placement::shard(0);
+  comm::Layout layout = comm::make_layout({"replicate", "shard", "tp"}, {plan_.replicate, plan_.shard, plan_.tp},
+                                          std::move(coordinate), {comm::Placement::replicate(), shard, tp},
+                                          std::move(shape));
+  if (rows && rows->second > 0) {  // FSDP's rows are of the tensor-parallel piece: its offset first
+    const int64_t piece_offset = tp.is_shard() && tp.dim == 0 ? layout.coordinate[2] * local_shape[0] : 0;
+    TANDEM_CHECK(layout.chunk.sizes[0] == rows->second && layout.chunk.offsets[0] == piece_offset + rows->first,
+                 "Accelerator: internal error: FSDP holds rows [", rows->first, ", ", rows->first + rows->second,
+                 ") of a tensor the layout ", layout.str(), " places elsewhere");
   }
-  return piece;
+  return layout;
 }
 
 const Accelerator::TensorParallelCut& Accelerator::tp_cut_of(const at::Tensor& param) const {
@@ -235,40 +265,42 @@ const Accelerator::TensorParallelCut& Accelerator::tp_cut_of(const at::Tensor& p
   return none;
 }
 
-bool Accelerator::holds_first_copy(bool tp_cut, bool fsdp_rows) const {
-  const bool first_tp = tp_cut || plan_.tp == 1 || mesh_->local_rank("tp") == 0;
-  return first_tp && (fsdp_rows ? writes_rows() : data_parallel_rank() == 0);
-}
-
-bool Accelerator::writes_piece(const TensorPiece& piece) const {
-  // A tensor of no elements still needs one (empty) piece to be named: the main process's (its
-  // stage's first under a pipeline: Note [Pipeline checkpoints]).
-  if (piece.whole() || c10::multiply_integers(piece.shape) == 0) return writes_shared_value();
-  return c10::multiply_integers(piece.sizes) > 0 && holds_first_copy(piece.tp_cut, piece.fsdp_rows);
-}
-
 bool Accelerator::writes_shared_value() const {
   return has_pipeline() ? data_parallel_rank() == 0 : world_.rank == 0;
 }
 
 std::vector<Accelerator::ModelSlot> Accelerator::model_layout(const fsdp::detail::Engine* engine,
-                                                              torch::nn::Module& module, const TensorParallelCut& cut) {
+                                                              torch::nn::Module& module,
+                                                              const TensorParallelCut& cut) const {
   std::vector<ModelSlot> slots;
   for (const auto& item : module.named_parameters(true)) {
     const auto spec = engine ? engine->spec_of(item.value()) : std::nullopt;
     if (spec) {
       // The shard's dtype: the gathered parameter may be lower precision (mixed precision).
       slots.push_back({item.key(), engine->shard_of(item.value()).scalar_type(),
-                       piece_of(item.value(), spec->shape, cut, std::make_pair(spec->first_row, spec->owned_rows))});
+                       layout_of(item.value(), spec->shape, cut, std::make_pair(spec->first_row, spec->owned_rows))});
     } else {
       slots.push_back({item.key(), item.value().scalar_type(),
-                       piece_of(item.value(), item.value().sizes().vec(), cut, std::nullopt)});
+                       layout_of(item.value(), item.value().sizes().vec(), cut, std::nullopt)});
     }
   }
   for (const auto& item : module.named_buffers(true)) {
-    slots.push_back({item.key(), item.value().scalar_type(), piece_of(item.value(), item.value().sizes().vec(), {}, std::nullopt)});
+    slots.push_back({item.key(), item.value().scalar_type(),
+                     layout_of(item.value(), item.value().sizes().vec(), {}, std::nullopt)});
   }
   return slots;
+}
+
+std::vector<LaidOutTensor> Accelerator::layouts_of(const torch::nn::Module* owner) const {
+  for (const auto& m : models_) {
+    if (m.owner.get() != owner) continue;
+    auto slots = m.layout();
+    auto held = m.held();  // the same names, in the same order
+    std::vector<LaidOutTensor> out;
+    for (size_t i = 0; i < slots.size(); ++i) out.push_back({slots[i].name, std::move(slots[i].layout), held[i].second});
+    return out;
+  }
+  throw Error("layouts: this model was not prepared by this Accelerator (prepare_model or prepare_pipeline)");
 }
 
 Accelerator::NamedTensors Accelerator::model_held(const fsdp::detail::Engine* engine, torch::nn::Module& module) {
@@ -462,19 +494,24 @@ double Accelerator::clip_tensor_parallel(const std::vector<at::Tensor>& paramete
   std::vector<bool> counted;
   for (const auto& p : parameters) {
     at::Tensor grad;
-    bool cut = false, sharded = false;
+    std::optional<comm::Layout> layout;
+    bool sharded = false;
     for (const auto& m : models_) {
-      if (m.fsdp && m.fsdp->spec_of(p)) {
+      const auto spec = m.fsdp ? m.fsdp->spec_of(p) : std::nullopt;
+      if (spec) {
         grad = m.fsdp->shard_of(p).grad();
         sharded = true;
+        layout = layout_of(p, spec->shape, m.tp, std::make_pair(spec->first_row, spec->owned_rows));
+      } else if (!layout && m.tp.dims.count(p.unsafeGetTensorImpl())) {
+        layout = layout_of(p, p.sizes().vec(), m.tp, std::nullopt);
       }
-      cut = cut || m.tp.dims.count(p.unsafeGetTensorImpl()) > 0;
     }
     TANDEM_CHECK(sharded || plan_.strategy != Strategy::Fsdp, "clip_grad_norm: a tensor of shape ", p.sizes(),
                  " is no parameter of a prepared model: under FSDP its gradient lives on a shard");
     if (plan_.strategy != Strategy::Fsdp) grad = p.grad();
+    if (!layout) layout = layout_of(p, p.sizes().vec(), {}, std::nullopt);  // whole on every process
     grads.push_back(grad);
-    counted.push_back(holds_first_copy(cut, plan_.strategy == Strategy::Fsdp));
+    counted.push_back(layout->counts());
   }
   return zero::clip_grad_norm_of_pieces(grads, counted, *pg_, max_norm, norm_type);
 }

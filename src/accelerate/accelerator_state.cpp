@@ -242,9 +242,9 @@ std::vector<at::Tensor> Accelerator::held_parameters(size_t o) const {
 // Note [Checkpoints under tensor parallelism]
 // Tensor parallelism cuts a parameter into even parts along one dimension (Shard(d)); FSDP then
 // holds rows of this rank's part. Either way a rank holds one box of the whole tensor
-// (piece_of: the part's offset along d, plus FSDP's first row along dim 0), and a checkpoint
+// (its Layout, Note [Layouts] in accelerator.cpp: the part's offset along d, plus FSDP's first row along dim 0), and a checkpoint
 // writes it as such, with the whole shape (Note [Sharded files]): the same files as FSDP's rows,
-// any box in them. Of the copies of one box only the first is written (writes_piece): the first
+// any box in them. Of the copies of one box only the first is written (Layout::counts): the first
 // data-parallel rank's (under HSDP the first replica's), and of a parameter the plan did not cut,
 // the first tensor-parallel rank's. A whole optimizer (DDP's) holds its cut parameters' state as
 // the same boxes, so under tensor parallelism it too writes one file per rank. A loader reads its
@@ -287,7 +287,7 @@ std::string Accelerator::save_state(const std::string& root) {
       for (auto& item : models_[member].held()) held.push_back(std::move(item));
     }
     const bool sharded =
-        pipeline || std::any_of(layout.begin(), layout.end(), [](const ModelSlot& s) { return !s.piece.whole(); });
+        pipeline || std::any_of(layout.begin(), layout.end(), [](const ModelSlot& s) { return !s.layout.whole(); });
     model_files.push_back(nlohmann::json::array());
     if (!sharded) {
       const auto file = model_file(m, 0, false);
@@ -298,8 +298,8 @@ std::string Accelerator::save_state(const std::string& root) {
     auto build = [&] {
       std::vector<accelerate::ChunkPiece> pieces;
       for (size_t i = 0; i < layout.size(); ++i) {
-        const auto& piece = layout[i].piece;
-        if (writes_piece(piece)) pieces.push_back({layout[i].name, held[i].second, piece.offsets, piece.shape});
+        const comm::Layout& l = layout[i].layout;
+        if (l.counts()) pieces.push_back({layout[i].name, held[i].second, l.chunk.offsets, l.shape});
       }
       return accelerate::chunk_pieces_bytes(pieces);
     };
@@ -353,13 +353,13 @@ std::string Accelerator::save_state(const std::string& root) {
         if (whole_in_pieces && named) {
           std::vector<accelerate::ChunkPiece> tp_pieces;
           for (const auto& p : held_parameters(o)) {
-            const auto piece = piece_of(p, p.sizes().vec(), tp_cut_of(p), std::nullopt);
+            const comm::Layout l = layout_of(p, p.sizes().vec(), tp_cut_of(p), std::nullopt);
             const std::string prefix = names.at(p.unsafeGetTensorImpl()) + ".";
             for (auto& [name, t] : accelerate::named_state(optimizer, {p}, names)) {
               if (name == prefix + "step") {  // the same on every copy: the main process's, or its stage's
                 if (writes_shared_value()) tp_pieces.push_back({name, t, {}, t.sizes().vec()});
-              } else if (writes_piece(piece)) {
-                tp_pieces.push_back({name, t, piece.offsets, piece.shape});
+              } else if (l.counts()) {
+                tp_pieces.push_back({name, t, l.chunk.offsets, l.shape});
               }
             }
           }
@@ -377,9 +377,9 @@ std::string Accelerator::save_state(const std::string& root) {
             if (writes_shared_value()) row_pieces.push_back({name, owned.rows, {}, owned.rows.sizes().vec()});
             continue;
           }
-          const auto piece = piece_of(owned.param, owned.whole_shape, tp_cut_of(owned.param),
-                                      std::make_pair(owned.first_row, owned.rows.size(0)));
-          if (writes_piece(piece)) row_pieces.push_back({name, owned.rows, piece.offsets, piece.shape});
+          const comm::Layout l = layout_of(owned.param, owned.whole_shape, tp_cut_of(owned.param),
+                                           std::make_pair(owned.first_row, owned.rows.size(0)));
+          if (l.counts()) row_pieces.push_back({name, owned.rows, l.chunk.offsets, l.shape});
         }
         return accelerate::chunk_pieces_bytes(row_pieces);
       };
@@ -520,13 +520,13 @@ void Accelerator::load_state(const std::string& path) {
       for (size_t member : loaded_models[m]) {
         for (const auto& slot : models_[member].layout()) {
           TANDEM_CHECK(saved.contains(slot.name), "load_state: ", file, " has no tensor '", slot.name, "'");
-          const auto& piece = slot.piece;
-          TANDEM_CHECK(saved.shape(slot.name) == piece.shape && saved.dtype(slot.name) == slot.dtype, "load_state: ",
+          const comm::Layout& l = slot.layout;
+          TANDEM_CHECK(saved.shape(slot.name) == l.shape && saved.dtype(slot.name) == slot.dtype, "load_state: ",
                        file, ": '", slot.name, "' is ", c10::toString(saved.dtype(slot.name)),
                        c10::IntArrayRef(saved.shape(slot.name)), " but the model's is ", c10::toString(slot.dtype),
-                       c10::IntArrayRef(piece.shape));
+                       c10::IntArrayRef(l.shape));
           staged.weights[member].emplace_back(
-              slot.name, piece.whole() ? saved.whole(slot.name) : saved.chunk(slot.name, piece.offsets, piece.sizes));
+              slot.name, l.whole() ? saved.whole(slot.name) : saved.chunk(slot.name, l.chunk.offsets, l.chunk.sizes));
         }
       }
     }
@@ -560,13 +560,13 @@ void Accelerator::load_state(const std::string& path) {
       const bool by_rows = optimizers_[o]->state_layout() == zero::DistributedOptimizer::StateLayout::ByRows;
       auto held_piece = [&](const at::Tensor& p) {
         if (!by_rows) {
-          const auto piece = piece_of(p, p.sizes().vec(), tp_cut_of(p), std::nullopt);
-          return accelerate::HeldPiece{piece.shape, p.options(), piece.whole() ? std::vector<int64_t>{} : piece.offsets,
-                                       piece.sizes};
+          const comm::Layout l = layout_of(p, p.sizes().vec(), tp_cut_of(p), std::nullopt);
+          return accelerate::HeldPiece{l.shape, p.options(), l.whole() ? std::vector<int64_t>{} : l.chunk.offsets,
+                                       l.chunk.sizes};
         }
         const auto held = pieces->held_rows(p);
-        const auto piece = piece_of(p, held.shape, tp_cut_of(p), std::make_pair(held.first_row, held.count));
-        return accelerate::HeldPiece{piece.shape, held.options, piece.offsets, piece.sizes};
+        const comm::Layout l = layout_of(p, held.shape, tp_cut_of(p), std::make_pair(held.first_row, held.count));
+        return accelerate::HeldPiece{l.shape, held.options, l.chunk.offsets, l.chunk.sizes};
       };
       staged.named[o] = accelerate::stage_optimizer_state(optimizers_[o]->optimizer(), groups,
                                                           names_for(identities, groups), held_parameters(o), entry,

@@ -5,6 +5,8 @@
 
 namespace tandem {
 
+bool ParallelismPlan::hybrid() const { return strategy == Strategy::Fsdp && replicate > 1; }
+
 std::string ParallelismPlan::describe() const {
   std::string text;
   auto add = [&](const char* name, int size) {

@@ -12,6 +12,7 @@ namespace tandem::comm {
 std::string Placement::str() const {
   switch (kind) {
     case Kind::Shard:
+      if (split_factor > 0) return "_StridedShard(dim=" + std::to_string(dim) + ", sf=" + std::to_string(split_factor) + ")";
       return "Shard(" + std::to_string(dim) + ")";
     case Kind::Replicate:
       return "Replicate()";
@@ -42,7 +43,15 @@ Chunk local_chunk(const std::vector<int64_t>& shape, const std::vector<int64_t>&
                " dimension(s) on a mesh of ", mesh_shape.size());
   Chunk chunk{std::vector<int64_t>(shape.size(), 0), shape};
   std::vector<bool> sharded(shape.size(), false);
+  // The mesh dimensions in the order they cut: left to right, a _StridedShard after the others.
+  std::vector<size_t> order;
   for (size_t m = 0; m < placements.size(); ++m) {
+    if (!placements[m].is_strided()) order.push_back(m);
+  }
+  for (size_t m = placements.size(); m-- > 0;) {
+    if (placements[m].is_strided()) order.push_back(m);
+  }
+  for (size_t m : order) {
     TANDEM_CHECK(coordinate[m] >= 0 && coordinate[m] < mesh_shape[m], "placements: coordinate ", coordinate[m],
                  " along mesh dimension ", m, " of size ", mesh_shape[m]);
     if (!placements[m].is_shard()) continue;

@@ -44,6 +44,7 @@ struct Loop {
   int zero_stage = 0;
   bool fsdp = false;            // Strategy::Fsdp (ZeRO-3) instead
   int shard_size = 0;           // with fsdp: ParallelismConfig's (HSDP below the process count)
+  int replicate_size = 0;       // ParallelismConfig's
   std::optional<at::ScalarType> fsdp_param_dtype;  // FSDP's policy: gather and compute in it
   int accumulation = 1;
   Precision precision = Precision::No;
@@ -65,7 +66,8 @@ Outcome train(const Loop& l) {
                                          .strategy(l.fsdp ? Strategy::Fsdp : Strategy::Auto)
                                          .fsdp(fsdp::FullyShardOptions().mixed_precision(
                                              fsdp::MixedPrecisionPolicy().param_dtype(l.fsdp_param_dtype)))
-                                         .parallelism(ParallelismConfig().shard_size(l.shard_size))
+                                         .parallelism(ParallelismConfig().shard_size(l.shard_size).replicate_size(
+                                             l.replicate_size))
                                          .gradient_accumulation_steps(l.accumulation)
                                          .mixed_precision(l.precision)
                                          .scaler(amp::GradScalerOptions().init_scale(256)));
@@ -268,6 +270,24 @@ TEST(AcceleratorFsdp, HsdpEqualsStage0) {
   fp16_hybrid.fsdp = true;
   fp16_hybrid.shard_size = 2;
   EXPECT_EQ(train(fp16_hybrid).skipped, train(fp16_whole).skipped);
+}
+
+// FSDP on a (W, 1) mesh replicates, as fully_shard on one does: every process holds whole
+// parameters and the replicas all-reduce. replicate_size(W) used to shard over every process
+// while reporting "replicate W" (which trains alike: LayoutPlan's test is the one that saw it);
+// here, that the replicated layout trains as stage 0.
+TEST(AcceleratorFsdp, ReplicasOfOneShardEqualStage0) {
+  if (test::pg().size() == 1) GTEST_SKIP() << "replicas need 2 processes or more";
+  Loop whole, replicated;
+  replicated.fsdp = true;
+  replicated.replicate_size = test::pg().size();
+  replicated.shard_size = 1;
+  const Outcome a = train(whole), b = train(replicated);
+  EXPECT_LE(test::max_relative_difference(b.params, a.params), kStage2Tolerance);
+  expect_close_norms(b.norms, a.norms);
+  replicated.shard_size = 0;  // the shards take what replicate_size leaves: 1
+  const Outcome c = train(replicated);
+  EXPECT_LE(test::max_relative_difference(c.params, a.params), kStage2Tolerance);
 }
 
 TEST(AcceleratorFsdp, HsdpCheckpointResumes) {

@@ -34,10 +34,18 @@ std::vector<std::vector<int64_t>> coordinates(const std::vector<int64_t>& mesh_s
 }
 
 // What the process at `coordinate` holds, by torch.chunk: each Shard(d) chunks what is left along
-// d into mesh_shape[m] pieces and keeps the coordinate's one (none when chunk gives fewer).
+// d into mesh_shape[m] pieces and keeps the coordinate's one (none when chunk gives fewer); the
+// mesh dimensions left to right, a _StridedShard once the plain ones have cut (FSDP's rows of a
+// tensor-parallel piece).
 at::Tensor chunked(at::Tensor t, const std::vector<int64_t>& mesh_shape, const std::vector<int64_t>& coordinate,
                    const std::vector<Placement>& placements) {
-  for (size_t m = 0; m < placements.size(); ++m) {
+  std::vector<size_t> order;
+  for (bool strided : {false, true}) {
+    for (size_t m = 0; m < placements.size(); ++m) {
+      if (placements[m].is_strided() == strided) order.push_back(m);
+    }
+  }
+  for (size_t m : order) {
     if (!placements[m].is_shard()) continue;
     const int64_t d = placements[m].dim < 0 ? placements[m].dim + t.dim() : placements[m].dim;
     const auto pieces = t.size(d) == 0 ? std::vector<at::Tensor>{} : at::chunk(t, mesh_shape[m], d);
@@ -61,6 +69,12 @@ TEST(Placement, EveryBoxIsWhatTorchChunkLeavesThere) {
       {{1, 4}, {{P::shard(0), P::shard(1)}, {P::replicate(), P::shard(0)}}},
       {{4, 1}, {{P::shard(0), P::shard(1)}, {P::shard(1), P::shard(0)}}},
       {{2, 3, 2}, {{P::shard(0), P::shard(1), P::shard(0)}, {P::replicate(), P::shard(0), P::shard(-1)}}},
+      // FSDP over tensor parallelism: ("replicate", "shard", "tp").
+      {{2, 2, 2},
+       {{P::replicate(), P::strided_shard(0, 2), P::shard(0)},
+        {P::replicate(), P::strided_shard(0, 2), P::shard(1)},
+        {P::replicate(), P::strided_shard(0, 2), P::replicate()}}},
+      {{3, 2}, {{P::strided_shard(0, 2), P::shard(0)}}},
   };
   int checked = 0;
   for (const auto& shape : shapes) {
@@ -97,6 +111,17 @@ TEST(Placement, DTensorsExampleTable) {
   // An empty piece starts at the dimension's size, as DTensor says.
   EXPECT_EQ(local_chunk({5}, {4}, {3}, {P::shard(0)}), (Chunk{{5}, {0}}));
   EXPECT_EQ(local_chunk({}, {2}, {1}, {P::replicate()}), (Chunk{{}, {}}));
+}
+
+// FSDP2 over tensor parallelism (a colwise weight [7, 5] on a ("shard", "tp") mesh of 2 x 2): the
+// tensor-parallel rank's rows first ([0, 4) and [4, 7)), then FSDP's rows of those.
+TEST(Placement, AStridedShardCutsWhatTheLaterShardLeft) {
+  const std::vector<P> placements{P::strided_shard(0, 2), P::shard(0)};
+  EXPECT_EQ(local_chunk({7, 5}, {2, 2}, {0, 0}, placements), (Chunk{{0, 0}, {2, 5}}));
+  EXPECT_EQ(local_chunk({7, 5}, {2, 2}, {1, 0}, placements), (Chunk{{2, 0}, {2, 5}}));
+  EXPECT_EQ(local_chunk({7, 5}, {2, 2}, {0, 1}, placements), (Chunk{{4, 0}, {2, 5}}));
+  EXPECT_EQ(local_chunk({7, 5}, {2, 2}, {1, 1}, placements), (Chunk{{6, 0}, {1, 5}}));
+  EXPECT_EQ(to_string(placements), "(_StridedShard(dim=0, sf=2), Shard(0))");
 }
 
 TEST(Placement, OnlyTheFirstReplicaWritesAndPartialIsRefused) {

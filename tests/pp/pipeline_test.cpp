@@ -539,6 +539,18 @@ TEST(AcceleratorPipeline, WhatItCannotComposeIsAOneLineError) {
                  "prepare_pipeline: 2 stages on this process: only PipelineSchedule::Interleaved1F1B runs several per "
                  "process");
     if (P > 1) {
+      // Refused before any stage is prepared: the pipeline group gets no stage to agree on.
+      EXPECT_ERROR(acc.prepare_pipeline(std::vector<torch::nn::Sequential>{part_of(whole, 0, 1)}, loss,
+                                        tandem::PipelineOptions().microbatches(P - 1)),
+                   "prepare_pipeline: " + std::to_string(P - 1) + " microbatches over pp_size " + std::to_string(P) +
+                       ": a pipeline needs at least as many microbatches as processes to fill");
+      EXPECT_ERROR(acc.prepare_pipeline(std::vector<torch::nn::Sequential>{part_of(whole, 0, 1), part_of(whole, 1, 1)},
+                                        loss,
+                                        tandem::PipelineOptions()
+                                            .schedule(tandem::PipelineSchedule::Interleaved1F1B)
+                                            .microbatches(P + 1)),
+                   "prepare_pipeline: interleaved 1F1B with " + std::to_string(P + 1) + " microbatches over pp_size " +
+                       std::to_string(P) + ": the microbatches must be a multiple of the processes");
       EXPECT_ERROR(acc.pipeline_stages(P + 1), "pipeline_stages: " + std::to_string(P + 1) + " stages over pp_size " +
                                                    std::to_string(P) + ": each process holds the same number of stages");
     }
@@ -552,22 +564,27 @@ TEST(AcceleratorPipeline, WhatItCannotComposeIsAOneLineError) {
                  "checkpoints: a pipeline's stages and models prepared apart in one checkpoint are not built yet; "
                  "prepare every model as a stage of the pipeline");
   }
-  {
-    tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions()
-                                             .progress(false)
-                                             .mixed_precision(tandem::Precision::Fp16)
-                                             .parallelism(config));
+  // Refused from the options alone: at construction under pp_size > 1 (before anything is
+  // prepared), by prepare_pipeline at pp_size 1.
+  auto expect_refused = [&](tandem::AcceleratorOptions options, const std::string& why) {
+    options.progress(false).parallelism(config);
+    if (P > 1) {
+      EXPECT_ERROR(tandem::Accelerator(shared_pg(), options), "Accelerator: pp_size " + std::to_string(P) + ": " + why);
+      return;
+    }
+    tandem::Accelerator acc(shared_pg(), options);
     EXPECT_ERROR(acc.prepare_pipeline(std::vector<torch::nn::Sequential>{part_of(whole, 0, 1)}, loss),
-                 "prepare_pipeline: fp16 under a pipeline is not built yet (its loss scale would have to reach every "
-                 "stage's backward); use Precision::Bf16");
-  }
-  {
-    tandem::Accelerator acc(shared_pg(), tandem::AcceleratorOptions().progress(false).gradient_accumulation_steps(2).parallelism(
-                                             config));
-    EXPECT_ERROR(acc.prepare_pipeline(std::vector<torch::nn::Sequential>{part_of(whole, 0, 1)}, loss),
-                 "prepare_pipeline: gradient_accumulation_steps 2: a pipeline step accumulates its microbatches "
-                 "already; raise PipelineOptions::microbatches instead");
-  }
+                 "prepare_pipeline: " + why);
+  };
+  expect_refused(tandem::AcceleratorOptions().mixed_precision(tandem::Precision::Fp16),
+                 "fp16 under a pipeline is not built yet (its loss scale would have to reach every stage's backward); "
+                 "use Precision::Bf16");
+  expect_refused(tandem::AcceleratorOptions().gradient_accumulation_steps(2),
+                 "gradient_accumulation_steps 2: a pipeline step accumulates its microbatches already; raise "
+                 "PipelineOptions::microbatches instead");
+  expect_refused(tandem::AcceleratorOptions().zero_stage(1),
+                 "zero_stage 1 over pipeline stages is not built yet; use Strategy::Fsdp (it shards each stage) or "
+                 "zero_stage 0");
 }
 
 namespace {

@@ -39,6 +39,7 @@
 #include "tandem/accelerate/progress.h"
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/comm/device_mesh.h"
+#include "tandem/comm/layout.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/world.h"
 #include "tandem/fsdp/engine.h"
@@ -53,6 +54,15 @@ class Optimizer;
 namespace tandem {
 
 class Accelerator;
+
+/// A tensor of a prepared model as Accelerator::layouts gives it (DTensor's placements and
+/// to_local()): its name in the module, its layout, and what this process holds of it (a view:
+/// the parameter itself, or FSDP's rows of it, [owned rows, shape[1:]...]).
+struct LaidOutTensor {
+  std::string name;
+  comm::Layout layout;
+  at::Tensor local;
+};
 
 /// The scope of one batch under gradient accumulation (Accelerator::accumulate).
 class AccumulateScope {
@@ -218,6 +228,14 @@ class Accelerator {
   /// The signal stop_requested() answered for (on every process), 0 when none: a program exits
   /// 128 + it after saving, as a process killed by it would.
   int stop_signal() const { return stop_signal_; }
+  /// Where every parameter and buffer of a prepared model lies across the processes (Note
+  /// [Layouts], tandem/comm/layout.h): by name, as the module names them, the mesh ("replicate",
+  /// "shard", "tp") of this process's pipeline stage, one placement per dimension, the whole
+  /// shape and this process's box. A gradient lies as its parameter; FSDP's optimizer state too.
+  template <typename ModuleHolder>
+  std::vector<LaidOutTensor> layouts(const PreparedModel<ModuleHolder>& model) const {
+    return layouts_of(model.ptr().get());
+  }
   /// The user's module of a prepared model.
   template <typename ModuleHolder>
   ModuleHolder& unwrap(PreparedModel<ModuleHolder>& model) { return model->module(); }
@@ -290,20 +308,11 @@ class Accelerator {
     std::map<const c10::TensorImpl*, int64_t> dims;  // a cut parameter -> its Shard dimension
     int rank = 0, size = 1;
   };
-  /// Where this rank's piece of a tensor sits in the whole one (Note [Checkpoints under tensor
-  /// parallelism], accelerator_state.cpp): the whole shape, and the box held in box dimensions (a
-  /// 0-d tensor's: one row). Tensor parallelism cuts a box; FSDP holds rows of that box.
-  struct TensorPiece {
-    std::vector<int64_t> shape;
-    std::vector<int64_t> offsets, sizes;
-    bool tp_cut = false, fsdp_rows = false;
-    bool whole() const { return !tp_cut && !fsdp_rows; }
-  };
-  /// One tensor of a prepared model in a checkpoint: its name, dtype and this rank's piece.
+  /// One tensor of a prepared model in a checkpoint: its name, dtype and layout (this rank's box).
   struct ModelSlot {
     std::string name;
     at::ScalarType dtype = at::kFloat;
-    TensorPiece piece;
+    comm::Layout layout;
   };
   struct ModelEntry {
     std::function<NamedTensors()> identities;          // the module's own tensors by name (names the optimizer's)
@@ -328,24 +337,20 @@ class Accelerator {
   /// Cuts `module` by `plan` over the tensor-parallel group (tp_size > 1); returns the parameters
   /// cut. One line when tp_size > 1 comes without a plan.
   TensorParallelCut parallelize(torch::nn::Module& module, const tp::Plan* plan);
-  /// The piece of a tensor of `local_shape` (after tensor parallelism cut it, when `cut` names
-  /// it) that this rank holds: all of it, or rows [first_row, first_row + count) under FSDP.
-  static TensorPiece piece_of(const at::Tensor& param, const std::vector<int64_t>& local_shape,
-                              const TensorParallelCut& cut, std::optional<std::pair<int64_t, int64_t>> rows);
-  /// Whether this rank writes `piece` into a checkpoint: the pieces must tile each tensor once, so
-  /// of the copies (data-parallel replicas, tensor-parallel ranks of a tensor it did not cut) only
-  /// the first one's is written.
-  bool writes_piece(const TensorPiece& piece) const;
+  /// Note [Layouts] (accelerator.cpp): the layout of a prepared model's tensor `param` whose local
+  /// shape is `local_shape` (after tensor parallelism cut it, when `cut` names it), under FSDP
+  /// holding rows [first_row, first_row + count) of that (checked against the placements' rule).
+  comm::Layout layout_of(const at::Tensor& param, const std::vector<int64_t>& local_shape,
+                         const TensorParallelCut& cut, std::optional<std::pair<int64_t, int64_t>> rows) const;
   /// Whether this rank writes what every copy holds alike (a whole tensor, an optimizer's step):
   /// the main process, or under a pipeline the first data-parallel process of each stage.
   bool writes_shared_value() const;
-  /// Whether this rank holds the first copy of a tensor it shares (cut by tensor parallelism or
-  /// not, FSDP's rows or a whole replica): the copy a checkpoint writes and a norm counts.
-  bool holds_first_copy(bool tp_cut, bool fsdp_rows) const;
   /// The cut of the parameter's model (every parameter's is the same rank and size).
   const TensorParallelCut& tp_cut_of(const at::Tensor& param) const;
   /// prepare_pipeline's one-line refusals, before anything is prepared.
   void check_pipeline(size_t stages, const PipelineOptions& options) const;
+  /// The refusals that depend on the AcceleratorOptions alone (`who` leads the line).
+  void check_pipeline_options(const std::string& who) const;
   /// From here on each pipeline stage draws its own random numbers (Note [Seeds per stage]).
   void seed_stage();
   /// Note [Clipping tensor-parallel gradients] (accelerator.cpp).
@@ -361,9 +366,11 @@ class Accelerator {
   /// Whether this process writes its rows of sharded state: under HSDP only the first replica's
   /// processes do (the others hold the same rows).
   bool writes_rows() const { return !mesh_ || mesh_->local_rank("replicate") == 0; }
-  /// The parameters, then the buffers, each with this rank's piece of it.
-  static std::vector<ModelSlot> model_layout(const fsdp::detail::Engine* engine, torch::nn::Module& module,
-                                             const TensorParallelCut& cut);
+  /// The parameters, then the buffers, each with its layout.
+  std::vector<ModelSlot> model_layout(const fsdp::detail::Engine* engine, torch::nn::Module& module,
+                                      const TensorParallelCut& cut) const;
+  /// The model_layout of the prepared model `owner` as Accelerator::layouts gives it.
+  std::vector<LaidOutTensor> layouts_of(const torch::nn::Module* owner) const;
   /// What this rank holds of each slot of model_layout: the tensor, or its shard's rows.
   static NamedTensors model_held(const fsdp::detail::Engine* engine, torch::nn::Module& module);
   /// Copies per-slot tensors by name into the module (rows into its shards under FSDP).
@@ -449,7 +456,7 @@ PreparedModel<ModuleHolder> Accelerator::prepare(ModuleHolder module, const tp::
     for (const auto& item : module->named_buffers(true)) state.emplace_back(item.key(), item.value());
     return state;
   };
-  entry.layout = [engine, module, tp_cut]() { return model_layout(engine.get(), *module.ptr(), tp_cut); };
+  entry.layout = [this, engine, module, tp_cut]() { return model_layout(engine.get(), *module.ptr(), tp_cut); };
   entry.held = [engine, module]() { return model_held(engine.get(), *module.ptr()); };
   entry.load = [engine, module](const NamedTensors& held) { load_model(engine.get(), *module.ptr(), held); };
   entry.reducer = reducer;

@@ -36,8 +36,9 @@ struct ParallelismConfig {
 struct ParallelismPlan {
   Strategy strategy;
   int replicate = 1, shard = 1, tp = 1, pp = 1;
-  /// Whether shards are replicated (FSDP with replicate > 1 and shard > 1).
-  bool hybrid() const { return replicate > 1 && shard > 1; }
+  /// Whether FSDP's shards are replicated (Strategy::Fsdp with replicate > 1: HSDP; with shard 1
+  /// each replica holds whole parameters, as fully_shard on a (replicate, 1) mesh does).
+  bool hybrid() const;
   /// "replicate 2 x shard 2" (only the sizes above 1; "1" for one process).
   std::string describe() const;
 };

@@ -7,6 +7,11 @@
 //                RowShardLayout's in comm/shard_layout.h);
 //   Replicate()  every process along that mesh dimension holds the same values;
 //   Partial()    every process holds a full-shaped tensor of partial values whose sum is the tensor.
+//   _StridedShard(d, sf)
+//                a Shard(d) applied after the later mesh dimensions' Shard(d)s instead of before
+//                them (DTensor's name for FSDP over tensor parallelism: FSDP cuts the rows of the
+//                piece tensor parallelism cut first, on a mesh ("shard", "tp")); sf is the size of
+//                those later dimensions.
 //
 // A process's piece is always a box, [offsets[d], offsets[d] + sizes[d]) along each dimension d:
 // local_chunk computes it from the mesh's shape, the process's coordinate and the placements
@@ -33,16 +38,19 @@ struct Placement {
   enum class Kind { Shard, Replicate, Partial };
   Kind kind = Kind::Replicate;
   int64_t dim = 0;  // the tensor dimension, for Shard (negative counts from the end, as in PyTorch)
+  int64_t split_factor = 0;  // > 0: a _StridedShard (Shard only), applied after the later Shard(dim)s
 
-  static Placement shard(int64_t dim) { return {Kind::Shard, dim}; }
-  static Placement replicate() { return {Kind::Replicate, 0}; }
-  static Placement partial() { return {Kind::Partial, 0}; }
+  static Placement shard(int64_t dim) { return {Kind::Shard, dim, 0}; }
+  static Placement strided_shard(int64_t dim, int64_t split_factor) { return {Kind::Shard, dim, split_factor}; }
+  static Placement replicate() { return {Kind::Replicate, 0, 0}; }
+  static Placement partial() { return {Kind::Partial, 0, 0}; }
 
   bool is_shard() const { return kind == Kind::Shard; }
+  bool is_strided() const { return kind == Kind::Shard && split_factor > 0; }
   bool operator==(const Placement& other) const {
-    return kind == other.kind && (kind != Kind::Shard || dim == other.dim);
+    return kind == other.kind && (kind != Kind::Shard || (dim == other.dim && split_factor == other.split_factor));
   }
-  /// "Shard(1)", "Replicate()", "Partial(sum)".
+  /// "Shard(1)", "Replicate()", "Partial(sum)", "_StridedShard(dim=0, sf=2)".
   std::string str() const;
 };
 
