@@ -20,6 +20,7 @@
 #include <torch/utils.h>
 
 #include "accelerate/optimizer_state.h"
+#include "accelerate/send_to_main.h"
 #include "accelerate/sharded_tensors.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/accelerate/checkpoint_dir.h"
@@ -59,51 +60,6 @@ std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
   std::ostringstream out;
   archive.save_to(out);
   return out.str();
-}
-
-// Every rank's bytes (`build()`) to the main process, one rank after another, in pieces of 64 MiB
-// (the MPI backend moves at most 128 MiB per rank at once), sent to it alone (point-to-point: a
-// broadcast made every rank receive every other's pieces, W - 1 times the traffic): the main
-// process calls `consume(r, bytes)` for each rank r in order and holds only its own bytes and one
-// other rank's at a time, so a sharded checkpoint is never whole in one process. The ranks first
-// agree that every one of them built its bytes: one that failed (out of memory) makes every rank
-// throw instead of leaving the others waiting. Collective.
-void send_to_main(const std::shared_ptr<comm::ProcessGroup>& pg, const std::function<std::string()>& build,
-                  const std::function<void(int, std::string)>& consume) {
-  const int world = pg ? pg->size() : 1, rank = pg ? pg->rank() : 0;
-  if (world == 1) return consume(0, build());
-  std::string mine, failure;
-  try {
-    mine = build();
-  } catch (const std::exception& e) {
-    failure = one_line(e);
-  }
-  at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
-  pg->all_reduce(failed, comm::ReduceOp::Max);
-  TANDEM_CHECK(failure.empty(), "save_state: ", failure);
-  TANDEM_CHECK(failed.item<int>() == 0, "save_state: another process could not serialize its part of the "
-                                        "checkpoint (its error says why); nothing was written");
-  constexpr int64_t kPiece = int64_t{64} << 20;
-  const auto lengths = pg->all_gather(at::full({1}, static_cast<int64_t>(mine.size()), at::kLong));
-  if (rank == 0) consume(0, std::move(mine));
-  for (int r = 1; r < world; ++r) {
-    if (rank != 0 && rank != r) continue;
-    const int64_t total = lengths[static_cast<size_t>(r)].item<int64_t>();
-    std::string bytes;
-    if (rank == 0) bytes.reserve(static_cast<size_t>(total));
-    for (int64_t at = 0; at < total; at += kPiece) {
-      const int64_t n = std::min(kPiece, total - at);
-      at::Tensor piece = at::empty({n}, at::kByte);
-      if (rank == r) {
-        std::memcpy(piece.data_ptr(), mine.data() + at, static_cast<size_t>(n));
-        pg->send(piece, 0);
-      } else {
-        pg->recv(piece, r);
-        bytes.append(static_cast<const char*>(piece.data_ptr()), static_cast<size_t>(n));
-      }
-    }
-    if (rank == 0) consume(r, std::move(bytes));
-  }
 }
 
 std::string model_file(size_t model, int rank, bool sharded) {
@@ -303,7 +259,7 @@ std::string Accelerator::save_state(const std::string& root) {
       }
       return accelerate::chunk_pieces_bytes(pieces);
     };
-    send_to_main(pg_, build, [&](int r, std::string bytes) {
+    accelerate::send_to_main(pg_, "save_state", build, [&](int r, std::string bytes) {
       attempt([&] { writer->add_file(model_file(m, r, true), bytes); });
     });
     for (int r = 0; r < world; ++r) model_files.back().push_back(model_file(m, r, true));
@@ -325,7 +281,7 @@ std::string Accelerator::save_state(const std::string& root) {
       // Each process's groups hold its stages' parameters: the checkpoint's hold every stage's
       // (in rank order, each name once). Collective.
       std::vector<nlohmann::json> described;
-      send_to_main(pg_, [&] { return entry.dump(); },
+      accelerate::send_to_main(pg_, "save_state", [&] { return entry.dump(); },
                    [&](int, std::string bytes) { described.push_back(nlohmann::json::parse(bytes)); });
       if (main) {
         for (size_t g = 0; g < entry["param_groups"].size(); ++g) {
@@ -383,7 +339,7 @@ std::string Accelerator::save_state(const std::string& root) {
         }
         return accelerate::chunk_pieces_bytes(row_pieces);
       };
-      send_to_main(pg_, build, [&](int r, std::string bytes) {
+      accelerate::send_to_main(pg_, "save_state", build, [&](int r, std::string bytes) {
         attempt([&] { writer->add_file(optimizer_file(o, r, true, named), bytes); });
       });
       for (int r = 0; r < world; ++r) entry["files"].push_back(optimizer_file(o, r, true, named));

@@ -35,7 +35,7 @@
 namespace tandem::comm {
 namespace {
 
-std::string ranks_text(const std::vector<int>& ranks) {
+std::string bracketed_ranks(const std::vector<int>& ranks) {
   std::string text = "[";
   for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
   return text + "]";
@@ -74,7 +74,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, const std::string& 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
   // Agree first, check after: a list one rank alone got wrong must fail every rank, not leave the
   // others waiting in the new group's rendezvous.
-  std::string text = ranks_text(ranks);
+  std::string text = bracketed_ranks(ranks);
   const auto fingerprints = gather_ints(*this, static_cast<int64_t>(std::hash<std::string>{}(text) >> 1));
   for (int r = 0; r < size(); ++r) {
     if (fingerprints[static_cast<size_t>(r)] != fingerprints[0]) {

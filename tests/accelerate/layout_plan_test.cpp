@@ -19,6 +19,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "support/distributed_main.h"
+#include "support/errors.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/comm/placement.h"
 #include "tandem/nn/hookable.h"
@@ -121,14 +122,15 @@ int check_layouts(const Config& c) {
   for (const auto& item : mlp->named_buffers(true)) whole[item.key()] = item.value().detach().clone();
 
   std::vector<LaidOutTensor> laid_out;
+  std::optional<PreparedModel<Mlp>> prepared;  // outside a pipeline
   if (P > 1) {
     auto pipeline = acc.prepare_pipeline(std::vector<Mlp>{mlp}, [](const at::Tensor& y, const at::Tensor& t) {
       return (y - t).pow(2).mean();
     });
     laid_out = acc.layouts(pipeline.models().front());
   } else {
-    auto model = T > 1 ? acc.prepare_model(mlp, kPlan) : acc.prepare_model(mlp);
-    laid_out = acc.layouts(model);
+    prepared = T > 1 ? acc.prepare_model(mlp, kPlan) : acc.prepare_model(mlp);
+    laid_out = acc.layouts(*prepared);
   }
   EXPECT_EQ(laid_out.size(), whole.size()) << c.str();
   const bool fsdp = plan.strategy == Strategy::Fsdp;
@@ -160,6 +162,22 @@ int check_layouts(const Config& c) {
       EXPECT_TRUE(at::equal(local.to(at::kFloat), box)) << what;
     }
     ++checked;
+  }
+  if (prepared) {
+    // The whole tensors again, from the boxes: on the main process, then on every process. (A
+    // pipeline's are pipeline_test's: there every stage names its tensors apart.)
+    for (bool everywhere : {false, true}) {
+      const auto state = acc.get_state_dict(*prepared, everywhere);
+      if (!everywhere && rank != 0) {
+        EXPECT_TRUE(state.empty()) << c.str();
+        continue;
+      }
+      EXPECT_EQ(state.size(), whole.size()) << c.str();
+      for (const auto& [name, t] : state) {
+        EXPECT_TRUE(whole.count(name) && t.sizes() == whole[name].sizes() && at::equal(t.to(at::kFloat), whole[name]))
+            << c.str() << ": get_state_dict's " << name << (everywhere ? " on every process" : "");
+      }
+    }
   }
   return checked;
 }
@@ -205,3 +223,13 @@ TEST(LayoutPlan, EveryAcceptedConfigurationLaysTheProcessesOutAsItSays) {
   EXPECT_GT(accepted, 0);
 }
 
+
+TEST(LayoutPlan, AModelAnotherAcceleratorPreparedIsAOneLineError) {
+  Accelerator mine(test::shared_pg(), AcceleratorOptions().progress(false));
+  Accelerator other(test::shared_pg(), AcceleratorOptions().progress(false));
+  auto model = other.prepare_model(Mlp());
+  EXPECT_ERROR(mine.layouts(model),
+               "layouts: this model was not prepared by this Accelerator (prepare_model or prepare_pipeline)");
+  EXPECT_ERROR(mine.get_state_dict(model),
+               "get_state_dict: this model was not prepared by this Accelerator (prepare_model or prepare_pipeline)");
+}

@@ -638,6 +638,7 @@ void train_step(tandem::Accelerator& acc, torch::optim::Optimizer& opt, std::vec
 // steps (from `resume` if given, then one more), saving after them into `dir` when given.
 struct Run {
   std::map<std::string, at::Tensor> at_save, after;  // the weights this rank holds
+  std::map<std::string, at::Tensor> state_dict;      // get_state_dict at the save, on every process
   std::string saved;
 };
 
@@ -668,6 +669,7 @@ Run run_named(tandem::Strategy strategy, int pp, int steps, const std::string& r
   if (!resume.empty()) acc.load_state(resume);
   for (int step = 0; step < steps; ++step) train_step(acc, opt, models, pipe ? &*pipe : nullptr);
   run.at_save = weights_by_name(acc, models);
+  for (auto& [name, t] : acc.get_state_dict(models.front(), /*on_every_process=*/true)) run.state_dict[name] = t;
   if (!dir.empty()) run.saved = acc.save_state(dir);
   train_step(acc, opt, models, pipe ? &*pipe : nullptr);
   run.after = weights_by_name(acc, models);
@@ -699,6 +701,10 @@ void pipeline_checkpoint(tandem::Strategy strategy) {
   expect_same_weights(piped.at_save, whole.at_save, "loaded without a pipeline");
   expect_same_weights(piped.after, whole.after, "a step after loading without a pipeline");
   EXPECT_EQ(whole.at_save.size(), 8u);  // the 4 blocks' weights and biases
+  // get_state_dict of a pipeline: every stage's tensors, whole, on every process.
+  EXPECT_EQ(piped.state_dict.size(), 8u);
+  expect_same_weights(piped.state_dict, whole.at_save, "get_state_dict of the pipeline");
+  expect_same_weights(whole.state_dict, whole.at_save, "get_state_dict without a pipeline");
   // At another pipeline size: W stages of 2P / W blocks.
   if (W() == 4) {
     const Run four = run_named(strategy, 4, 0, piped.saved, "");

@@ -236,6 +236,16 @@ class Accelerator {
   std::vector<LaidOutTensor> layouts(const PreparedModel<ModuleHolder>& model) const {
     return layouts_of(model.ptr().get());
   }
+  /// A prepared model's whole tensors by name (accelerate's get_state_dict; FSDP2's full_tensor()
+  /// of each): its parameters, then its buffers, as CPU tensors assembled bit for bit from the
+  /// boxes the processes hold (Note [Whole tensors from boxes]), in the dtype they keep them. On
+  /// the main process; empty elsewhere unless `on_every_process`. A pipeline stage's model gives
+  /// the whole pipeline's: every stage's tensors, stage by stage. Collective: every process calls it.
+  template <typename ModuleHolder>
+  std::vector<std::pair<std::string, at::Tensor>> get_state_dict(const PreparedModel<ModuleHolder>& model,
+                                                                  bool on_every_process = false) {
+    return state_dict_of(model.ptr().get(), on_every_process);
+  }
   /// The user's module of a prepared model.
   template <typename ModuleHolder>
   ModuleHolder& unwrap(PreparedModel<ModuleHolder>& model) { return model->module(); }
@@ -369,6 +379,8 @@ class Accelerator {
   /// The parameters, then the buffers, each with its layout.
   std::vector<ModelSlot> model_layout(const fsdp::detail::Engine* engine, torch::nn::Module& module,
                                       const TensorParallelCut& cut) const;
+  /// get_state_dict of the prepared model `owner` (state_dict.cpp).
+  NamedTensors state_dict_of(const torch::nn::Module* owner, bool on_every_process);
   /// The model_layout of the prepared model `owner` as Accelerator::layouts gives it.
   std::vector<LaidOutTensor> layouts_of(const torch::nn::Module* owner) const;
   /// What this rank holds of each slot of model_layout: the tensor, or its shard's rows.
