@@ -201,7 +201,7 @@ void Accelerator::choose_strategy() {
 fsdp::FullyShardOptions Accelerator::fsdp_options(torch::nn::Module& model) const {
   fsdp::FullyShardOptions options = options_.fsdp();
   if (mesh_ && plan_.replicate > 1) options.replicate_group(mesh_->group("replicate"));  // HSDP
-  if (!options.auto_wrap() && !fsdp::detail::has_units(model)) options.auto_wrap(fsdp::AutoWrapPolicy());
+  if (!options.auto_wrap() && !fsdp::has_units(model)) options.auto_wrap(fsdp::AutoWrapPolicy());
   if (!options.activation_checkpointing()) options.activation_checkpointing(options_.activation_checkpointing());
   // accelerate's FSDP2 plugin: mixed_precision gathers, computes and reduces in its dtype (autocast
   // still applies on top); a param_dtype of the user's own wins, float32 gathers whole precision.
@@ -269,7 +269,7 @@ bool Accelerator::writes_shared_value() const {
   return has_pipeline() ? data_parallel_rank() == 0 : world_.rank == 0;
 }
 
-std::vector<Accelerator::ModelSlot> Accelerator::model_layout(const fsdp::detail::Engine* engine,
+std::vector<Accelerator::ModelSlot> Accelerator::model_layout(const fsdp::ShardedParameters* engine,
                                                               torch::nn::Module& module,
                                                               const TensorParallelCut& cut) const {
   std::vector<ModelSlot> slots;
@@ -303,7 +303,7 @@ std::vector<LaidOutTensor> Accelerator::layouts_of(const torch::nn::Module* owne
   throw Error("layouts: this model was not prepared by this Accelerator (prepare_model or prepare_pipeline)");
 }
 
-Accelerator::NamedTensors Accelerator::model_held(const fsdp::detail::Engine* engine, torch::nn::Module& module) {
+Accelerator::NamedTensors Accelerator::model_held(const fsdp::ShardedParameters* engine, torch::nn::Module& module) {
   NamedTensors held;
   for (const auto& item : module.named_parameters(true)) {
     const auto spec = engine ? engine->spec_of(item.value()) : std::nullopt;
@@ -317,7 +317,7 @@ Accelerator::NamedTensors Accelerator::model_held(const fsdp::detail::Engine* en
   return held;
 }
 
-void Accelerator::load_model(fsdp::detail::Engine* engine, torch::nn::Module& module, const NamedTensors& held) {
+void Accelerator::load_model(fsdp::ShardedParameters* engine, torch::nn::Module& module, const NamedTensors& held) {
   at::NoGradGuard no_grad;
   if (engine) engine->load_shards(held);
   std::map<std::string, at::Tensor> own;
@@ -339,7 +339,7 @@ void Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   std::unique_ptr<zero::DistributedOptimizer> prepared;  // may throw: nothing kept
   if (plan_.strategy == Strategy::Fsdp) {
     // FSDP: the optimizer steps the shards of the model whose parameters it holds.
-    std::shared_ptr<fsdp::detail::Engine> engine;
+    std::shared_ptr<fsdp::ShardedParameters> engine;
     for (const auto& group : optimizer.param_groups()) {
       for (const auto& p : group.params()) {
         for (const auto& m : models_) {

@@ -113,7 +113,7 @@ std::vector<std::pair<std::string, at::Tensor>> rng_states(const std::shared_ptr
   std::vector<std::pair<std::string, at::Tensor>> mine{
       {"cpu", at::detail::getDefaultCPUGenerator().get_state()}};
   if (device.is_cuda()) mine.emplace_back("cuda", at::globalContext().defaultGenerator(device).get_state());
-  for (const auto& [where, state] : nn::detail::region_rng_states()) {  // seeded on every rank by the Accelerator
+  for (const auto& [where, state] : nn::region_rng_states()) {  // seeded on every rank by the Accelerator
     if (where.is_cpu() || where == device) mine.emplace_back(where.is_cpu() ? "region-cpu" : "region-cuda", state);
   }
   for (auto& [kind, state] : mine) {
@@ -610,7 +610,7 @@ void Accelerator::load_state(const std::string& path) {
     optimizer.load(archive);
   }
   if (staged.same_shape) {
-    auto region = nn::detail::region_rng_states();  // a save without them leaves them as seeded
+    auto region = nn::region_rng_states();  // a save without them leaves them as seeded
     for (const auto& [kind, tensor] : staged.rng) {
       if (kind == "region-cpu" || kind == "region-cuda") {
         const c10::Device where = kind == "region-cpu" ? c10::Device(c10::kCPU) : device_;
@@ -623,7 +623,7 @@ void Accelerator::load_state(const std::string& path) {
           kind == "cpu" ? at::detail::getDefaultCPUGenerator() : at::globalContext().defaultGenerator(device_);
       generator.set_state(tensor);
     }
-    nn::detail::set_region_rng_states(region);
+    nn::set_region_rng_states(region);
   } else {
     // Note [Resuming at another world size]; at another tp_size too, as each tensor-parallel
     // group must draw alike (the generators are seeded by data-parallel rank).

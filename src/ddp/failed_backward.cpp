@@ -1,8 +1,8 @@
-#include "ddp/failed_backward.h"
+#include "tandem/ddp/failed_backward.h"
 
 #include "tandem/error.h"
 
-namespace tandem::ddp::detail {
+namespace tandem::ddp {
 
 std::vector<std::string> exchange_after_failed_backward(comm::ProcessGroup& pg, const std::string& prefix,
                                                         const std::string& mine, const std::string& who) {
@@ -36,4 +36,4 @@ std::vector<std::string> exchange_after_failed_backward(comm::ProcessGroup& pg, 
   return posts;
 }
 
-}  // namespace tandem::ddp::detail
+}  // namespace tandem::ddp

@@ -12,7 +12,7 @@
 #include "common/storage_alias.h"
 #include "common/scope_exit.h"
 #include "ddp/all_reduce_buckets.h"
-#include "ddp/failed_backward.h"
+#include "tandem/ddp/failed_backward.h"
 #include "tandem/error.h"
 
 namespace tandem::ddp {
@@ -365,7 +365,7 @@ std::string Reducer::wait_launched(size_t count) {
 size_t Reducer::agree_on_launched(size_t launched) {
   const std::string prefix = "tandem/ddp/" + std::to_string(instance_) + "/failed/" + std::to_string(failed_iterations_) + "/";
   size_t target = launched;
-  for (const auto& post : detail::exchange_after_failed_backward(*pg_, prefix, std::to_string(launched), "DDP")) {
+  for (const auto& post : exchange_after_failed_backward(*pg_, prefix, std::to_string(launched), "DDP")) {
     target = std::max<size_t>(target, std::stoul(post));
   }
   return target;

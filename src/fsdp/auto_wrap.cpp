@@ -41,8 +41,6 @@ size_t auto_wrap(torch::nn::Module& root, const AutoWrapPolicy& policy) {
   return made;
 }
 
-namespace detail {
-
 bool has_units(torch::nn::Module& root) {
   for (const auto& m : root.modules(/*include_self=*/true)) {
     if (dynamic_cast<UnitImpl*>(m.get())) return true;
@@ -50,5 +48,4 @@ bool has_units(torch::nn::Module& root) {
   return false;
 }
 
-}  // namespace detail
 }  // namespace tandem::fsdp

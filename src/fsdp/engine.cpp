@@ -64,7 +64,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "common/host_buffer_pool.h"
-#include "ddp/failed_backward.h"
+#include "tandem/ddp/failed_backward.h"
 #include "common/ready_hook.h"
 #include "fsdp/unit_shard.h"
 #include "tandem/comm/agreement.h"
@@ -163,7 +163,7 @@ std::vector<std::string> Engine::State::catch_up(comm::ProcessGroup& group, cons
                                                  const std::vector<std::string>& mine) {
   std::string post = std::to_string(mine.size());
   for (const auto& c : mine) post += " " + c;
-  const auto posts = ddp::detail::exchange_after_failed_backward(group, prefix, post, "fsdp");
+  const auto posts = ddp::exchange_after_failed_backward(group, prefix, post, "fsdp");
   std::vector<std::vector<std::string>> lists;
   size_t longest = 0;
   for (const auto& p : posts) {
@@ -511,7 +511,7 @@ void Engine::unit_pre_forward(size_t unit) {
   State& s = *s_;
   // Note [Checkpointed units]: the wrap-time check sees the module tree; this one sees a unit called
   // from a checkpointed lambda that check_recomputes could not.
-  TANDEM_CHECK(!nn::detail::in_recompute(), "fsdp: unit '", s.units[unit]->name(), "' ran inside an activation "
+  TANDEM_CHECK(!nn::in_recompute(), "fsdp: unit '", s.units[unit]->name(), "' ran inside an activation "
                "checkpoint's recompute: checkpoint the inner units instead (a unit cannot run inside a recompute)");
   s.order.push_back(unit);
   s.units[unit]->finish_gather();

@@ -4,11 +4,11 @@
 
 #include "tandem/error.h"
 #include "tandem/fsdp/fully_sharded_data_parallel.h"
-#include "zero/step_guards.h"
+#include "tandem/zero/step_guards.h"
 
 namespace tandem::fsdp {
 
-FsdpOptimizer::FsdpOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<detail::Engine> engine)
+FsdpOptimizer::FsdpOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<ShardedParameters> engine)
     : optimizer_(optimizer), engine_(std::move(engine)), kind_(zero::kind_of(optimizer)) {
   TANDEM_CHECK(kind_ != zero::OptimizerKind::None,
                "fsdp: this optimizer type is not one FSDP can step in row shards (a step that is exact element by "

@@ -6,7 +6,7 @@
 
 namespace tandem::fsdp {
 
-void shard_optimizer(torch::optim::Optimizer& optimizer, const detail::Engine& engine) {
+void shard_optimizer(torch::optim::Optimizer& optimizer, const ShardedParameters& engine) {
   const zero::OptimizerKind kind = zero::kind_of(optimizer);
   // Adagrad makes its state when it is made (step 0): the whole parameters', made again below for
   // the shards. Any other state is a step taken already.

@@ -211,7 +211,13 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 }  // namespace
 
-bool in_recompute() { return recompute_depth > 0; }
+}  // namespace tandem::nn::detail
+
+namespace tandem::nn {
+bool in_recompute() { return detail::recompute_depth > 0; }
+}  // namespace tandem::nn
+
+namespace tandem::nn::detail {
 
 bool needs_checkpoint(const std::vector<at::Tensor>& inputs, const CheckpointOptions& options) {
   if (!at::GradMode::is_enabled()) return false;

@@ -92,8 +92,6 @@ RegionRng::~RegionRng() {
   swap_all();
 }
 
-namespace detail {
-
 // Inside a RegionRng these are the defaults' states (swapped out): a checkpoint that captures and
 // restores both the defaults and these inside one puts back what was there, as it was.
 std::vector<std::pair<c10::Device, at::Tensor>> region_rng_states() {
@@ -109,5 +107,4 @@ void set_region_rng_states(const std::vector<std::pair<c10::Device, at::Tensor>>
   for (const auto& [device, state] : given) states.emplace_back(device, state.clone());
 }
 
-}  // namespace detail
 }  // namespace tandem::nn

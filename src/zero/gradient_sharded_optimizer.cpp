@@ -13,7 +13,7 @@
 #include "tandem/error.h"
 #include "tandem/zero/clip_grad_norm.h"
 #include "zero/reduce_scatter_buckets.h"
-#include "zero/step_guards.h"
+#include "tandem/zero/step_guards.h"
 
 namespace tandem::zero {
 GradientShardedOptimizer::GradientShardedOptimizer(torch::optim::Optimizer& optimizer, ddp::Reducer& reducer,

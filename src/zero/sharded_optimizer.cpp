@@ -5,7 +5,7 @@
 #include "tandem/error.h"
 #include "tandem/zero/clip_grad_norm.h"
 #include "tandem/zero/partition.h"
-#include "zero/step_guards.h"
+#include "tandem/zero/step_guards.h"
 
 namespace tandem::zero {
 

@@ -1,4 +1,4 @@
-#include "zero/step_guards.h"
+#include "tandem/zero/step_guards.h"
 
 #include <string>
 

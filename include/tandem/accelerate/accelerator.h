@@ -42,7 +42,7 @@
 #include "tandem/comm/layout.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/world.h"
-#include "tandem/fsdp/engine.h"
+#include "tandem/fsdp/sharded_parameters.h"
 #include "tandem/tp/random.h"
 #include "tandem/tp/style.h"
 #include "tandem/zero/distributed_optimizer.h"
@@ -330,7 +330,7 @@ class Accelerator {
     std::function<NamedTensors()> held;                // per slot, what this rank holds (whole, or its rows)
     std::function<void(const NamedTensors&)> load;     // sets the model from per-slot tensors like held()'s
     ddp::Reducer* reducer = nullptr;  // its DDP's, under Strategy::Ddp
-    std::shared_ptr<fsdp::detail::Engine> fsdp;  // its FSDP's, under Strategy::Fsdp
+    std::shared_ptr<fsdp::ShardedParameters> fsdp;  // its FSDP's shards, under Strategy::Fsdp
     TensorParallelCut tp;  // its parameters tensor parallelism cut
     std::shared_ptr<torch::nn::Module> owner;  // keeps those alive as long as the Accelerator
     bool stage = false;  // a pipeline stage's (prepare_pipeline): Note [Pipeline checkpoints]
@@ -377,16 +377,16 @@ class Accelerator {
   /// processes do (the others hold the same rows).
   bool writes_rows() const { return !mesh_ || mesh_->local_rank("replicate") == 0; }
   /// The parameters, then the buffers, each with its layout.
-  std::vector<ModelSlot> model_layout(const fsdp::detail::Engine* engine, torch::nn::Module& module,
+  std::vector<ModelSlot> model_layout(const fsdp::ShardedParameters* engine, torch::nn::Module& module,
                                       const TensorParallelCut& cut) const;
   /// get_state_dict of the prepared model `owner` (state_dict.cpp).
   NamedTensors state_dict_of(const torch::nn::Module* owner, bool on_every_process);
   /// The model_layout of the prepared model `owner` as Accelerator::layouts gives it.
   std::vector<LaidOutTensor> layouts_of(const torch::nn::Module* owner) const;
   /// What this rank holds of each slot of model_layout: the tensor, or its shard's rows.
-  static NamedTensors model_held(const fsdp::detail::Engine* engine, torch::nn::Module& module);
+  static NamedTensors model_held(const fsdp::ShardedParameters* engine, torch::nn::Module& module);
   /// Copies per-slot tensors by name into the module (rows into its shards under FSDP).
-  static void load_model(fsdp::detail::Engine* engine, torch::nn::Module& module, const NamedTensors& held);
+  static void load_model(fsdp::ShardedParameters* engine, torch::nn::Module& module, const NamedTensors& held);
   void choose_strategy();
   void begin_accumulation_step();
   void on_batch(const accelerate::LoaderProgress& progress);
@@ -457,8 +457,7 @@ PreparedModel<ModuleHolder> Accelerator::prepare(ModuleHolder module, const tp::
                                        options_.mixed_precision() == Precision::Fp16 ? at::kHalf : at::kBFloat16};
   }
   ddp::Reducer* reducer = ddp ? &(*ddp)->reducer() : nullptr;  // before the holders move
-  std::shared_ptr<fsdp::detail::Engine> engine =
-      fully_sharded ? (*fully_sharded)->engine().shared_from_this() : nullptr;
+  std::shared_ptr<fsdp::ShardedParameters> engine = fully_sharded ? (*fully_sharded)->sharded_parameters() : nullptr;
   PreparedModel<ModuleHolder> prepared(
       std::make_shared<Impl>(module, std::move(ddp), std::move(dp), std::move(fully_sharded), autocast));
   ModelEntry entry;

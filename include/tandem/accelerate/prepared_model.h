@@ -70,7 +70,7 @@ class PreparedModelImpl : public torch::nn::Module {
   /// Whether the next forwards take part in gradient synchronisation (DDP and FSDP).
   void set_require_backward_grad_sync(bool enabled) {
     if (ddp_) (*ddp_)->set_require_backward_grad_sync(enabled);
-    if (fsdp_) (*fsdp_)->engine().set_sync(enabled);
+    if (fsdp_) (*fsdp_)->set_requires_gradient_sync(enabled);
   }
   /// Arms the next backward to synchronise the gradients accumulated so far (DDP's and FSDP's
   /// prepare_for_backward: several forwards in flight, one synchronised backward; a pipeline

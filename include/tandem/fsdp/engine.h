@@ -16,6 +16,7 @@
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/shard_layout.h"
 #include "tandem/fsdp/options.h"
+#include "tandem/fsdp/sharded_parameters.h"
 
 namespace tandem::fsdp {
 
@@ -48,23 +49,14 @@ struct UnitInfo {
   int64_t gathers = 0;            // all-gathers of its parameters since wrapping (forward, backward, prefetch)
 };
 
-/// How one parameter is cut (Note [Unit layout] in src/fsdp/unit_shard.h): rows [first_row,
-/// first_row + owned_rows) of its `rows` are this rank's; each rank's chunk is chunk_rows long.
-struct ShardSpec {
-  std::vector<int64_t> shape;
-  int64_t rows = 0, row_numel = 0, chunk_rows = 0, first_row = 0, owned_rows = 0;
-  /// The shape of this rank's rows: [owned_rows, shape[1:]...] (a 0-d parameter is one row: [owned_rows]).
-  std::vector<int64_t> owned_shape() const { return comm::rows_shape(shape, owned_rows); }
-};
-
 namespace detail {
 
-class Engine : public std::enable_shared_from_this<Engine> {
+class Engine : public ShardedParameters, public std::enable_shared_from_this<Engine> {
  public:
   /// Finds the root's units, shards their parameters and those of no unit (the root unit).
   static std::shared_ptr<Engine> create(torch::nn::Module& root, std::shared_ptr<comm::ProcessGroup> pg,
                                         FullyShardOptions options);
-  ~Engine();
+  ~Engine() override;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -83,22 +75,22 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   /// The optimizer's parameters: each parameter's shard (its owned rows), under the parameter's
   /// name, in the root's order.
-  std::vector<std::pair<std::string, at::Tensor>> named_shards() const;
+  std::vector<std::pair<std::string, at::Tensor>> named_shards() const override;
   /// The shard of one of the root's parameters (undefined when it is not one).
-  at::Tensor shard_of(const at::Tensor& parameter) const;
+  at::Tensor shard_of(const at::Tensor& parameter) const override;
   /// How a parameter of the root is cut (nullopt when it is not one).
-  std::optional<ShardSpec> spec_of(const at::Tensor& parameter) const;
+  std::optional<ShardSpec> spec_of(const at::Tensor& parameter) const override;
   /// Every parameter whole (copies), under every name the root gives it. Collective.
   std::vector<std::pair<std::string, at::Tensor>> gather_parameters();
   /// Sets the shard of every parameter named in `rows` from this rank's rows of it ([owned_rows,
   /// shape[1:]...] as spec_of gives them, checked by the caller). Names it does not know are ignored.
-  void load_shards(const std::vector<std::pair<std::string, at::Tensor>>& rows);
+  void load_shards(const std::vector<std::pair<std::string, at::Tensor>>& rows) override;
   /// torch.nn.utils.clip_grad_norm_ over the shards' gradients of every rank. Collective.
   double clip_grad_norm(double max_norm, double norm_type);
   /// The same over `parameters` (the root's, whole) only: their shards' gradients, once per time
   /// each is given, as torch counts them. Throws tandem::Error for a tensor that is no parameter
   /// of the root. Collective: every rank gives the same parameters.
-  double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type);
+  double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) override;
   MemoryBytes memory() const;
   void reset_peak();
   CommWaits comm_waits() const;
@@ -107,7 +99,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   /// nullopt: left alone).
   std::optional<at::ScalarType> input_dtype() const;
   std::optional<at::ScalarType> output_dtype() const;
-  const std::shared_ptr<comm::ProcessGroup>& process_group() const;
+  const std::shared_ptr<comm::ProcessGroup>& process_group() const override;
 
   // The autograd side (engine.cpp's hooks).
   void pre_backward(size_t unit);

@@ -17,7 +17,7 @@ class FsdpOptimizer : public zero::PartitionedOptimizer {
  public:
   /// `optimizer` holds the model's parameters (before its first step); it is changed in place.
   /// `optimizer` must outlive this object. Throws tandem::Error for another optimizer type.
-  FsdpOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<detail::Engine> engine);
+  FsdpOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<ShardedParameters> shards);
 
   bool step(const Stepper& stepper) override;
   void step();
@@ -44,7 +44,7 @@ class FsdpOptimizer : public zero::PartitionedOptimizer {
 
  private:
   torch::optim::Optimizer& optimizer_;
-  std::shared_ptr<detail::Engine> engine_;
+  std::shared_ptr<ShardedParameters> engine_;
   zero::OptimizerKind kind_;
   std::vector<std::vector<at::Tensor>> all_;     // per group, the model's parameters
   std::vector<std::vector<at::Tensor>> shards_;  // per group, what the optimizer holds

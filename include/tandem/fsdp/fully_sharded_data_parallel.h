@@ -57,8 +57,6 @@ class NoSyncGuard {
 };
 
 namespace detail {
-/// Whether any module under `root` is a Unit.
-bool has_units(torch::nn::Module& root);
 /// A mesh's shard group (its last dimension) and, for a 2-D mesh, `options` with its first
 /// dimension as the replicate group (HSDP). A mesh of more dimensions is a one-line error.
 std::pair<std::shared_ptr<comm::ProcessGroup>, FullyShardOptions> mesh_groups(const comm::DeviceMesh& mesh,
@@ -69,7 +67,7 @@ std::pair<std::shared_ptr<comm::ProcessGroup>, FullyShardOptions> mesh_groups(co
 /// param groups and hyper-parameters stay). Before its first step; the state an optimizer makes
 /// when it is made (Adagrad's: step 0, sum = initial_accumulator_value) is made again for the
 /// shards. Throws tandem::Error for a parameter the model does not shard.
-void shard_optimizer(torch::optim::Optimizer& optimizer, const detail::Engine& engine);
+void shard_optimizer(torch::optim::Optimizer& optimizer, const ShardedParameters& shards);
 
 template <typename ModuleHolder>
 class FullyShardedDataParallelImpl : public torch::nn::Module {
@@ -135,6 +133,8 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   std::vector<UnitInfo> units() const { return engine_->units(); }
 
   ModuleHolder& module() { return module_; }
+  /// The shards, for what reads them from outside FSDP (layouts, checkpoints, FsdpOptimizer).
+  std::shared_ptr<ShardedParameters> sharded_parameters() const { return engine_; }
   detail::Engine& engine() { return *engine_; }
   const std::shared_ptr<comm::ProcessGroup>& process_group() const { return engine_->process_group(); }
 

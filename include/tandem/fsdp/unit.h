@@ -102,7 +102,7 @@ class UnitImpl : public nn::Wrapper, public nn::Checkpointable {
   // The wrapped forward, checkpointed when asked.
   template <typename R, typename... Args>
   R run(Args&&... args) {
-    if constexpr (nn::detail::SegmentOutput<R>::supported &&
+    if constexpr (nn::checkpointable_output<R> &&
                   (std::is_copy_constructible_v<std::decay_t<Args>> && ... && true)) {
       if (checkpoint_) {
         torch::nn::AnyModule inner = inner_;

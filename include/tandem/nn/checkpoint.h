@@ -58,6 +58,9 @@ struct CheckpointOptions {
   TORCH_ARG(std::vector<at::Tensor>, parameters) = {};
 };
 
+/// Whether this thread is running a checkpointed segment's recompute (inside backward).
+bool in_recompute();
+
 namespace detail {
 
 /// A segment as its autograd node sees it: its tensor inputs in, its tensor outputs out.
@@ -67,8 +70,6 @@ using SegmentFunction = std::function<std::vector<at::Tensor>(const std::vector<
 /// returns its outputs, attached to one autograd node that recomputes them in backward.
 std::vector<at::Tensor> checkpoint_tensors(SegmentFunction run, const std::vector<at::Tensor>& inputs,
                                            const CheckpointOptions& options);
-/// Whether this thread is running a checkpointed segment's recompute (inside backward).
-bool in_recompute();
 /// Whether the call needs a checkpoint at all: grad mode on and some input or parameter requires grad.
 bool needs_checkpoint(const std::vector<at::Tensor>& inputs, const CheckpointOptions& options);
 
@@ -179,6 +180,11 @@ decltype(auto) invoke_segment(F& fn, Args&&... args) {
 }
 
 }  // namespace detail
+
+/// Whether a checkpointed segment may return R: at::Tensor, std::vector<at::Tensor>, or a
+/// std::tuple of tensors (what checkpoint flattens for its autograd node and rebuilds).
+template <typename R>
+inline constexpr bool checkpointable_output = detail::SegmentOutput<R>::supported;
 
 /// Runs fn(args...) as a checkpointed segment (see the top of this file). `fn` is a module
 /// (holder or shared_ptr: its forward, its parameters) or any callable, whose parameters

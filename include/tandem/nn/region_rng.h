@@ -49,11 +49,9 @@ class RegionRng {
   bool outermost_ = false;
 };
 
-namespace detail {
 /// The region's states, per device (CPU first); empty before any seeding. What checkpoints and
-/// saved training states carry.
+/// saved training states carry (torch.cuda.get_rng_state's counterpart for the region).
 std::vector<std::pair<c10::Device, at::Tensor>> region_rng_states();
 void set_region_rng_states(const std::vector<std::pair<c10::Device, at::Tensor>>& states);
-}  // namespace detail
 
 }  // namespace tandem::nn
