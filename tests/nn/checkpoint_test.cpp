@@ -15,6 +15,8 @@
 #include "tandem/nn/checkpoint.h"
 #include "tandem/nn/checkpoint_module.h"
 #include "tandem/nn/checkpoint_policy.h"
+#include "tandem/nn/hookable.h"
+#include <torch/nn/modules/container/modulelist.h>
 
 namespace {
 
@@ -290,6 +292,58 @@ TEST(Checkpoint, EveryNthBlockOfASequential) {
   EXPECT_EQ(calls, (std::vector<int>{1, 2, 1, 2}));
   // Applied again: the wrapped blocks count as checkpointed, nothing is wrapped twice.
   EXPECT_EQ(tandem::nn::checkpoint_modules(*net, tandem::nn::CheckpointPolicy().every_n(2).module_types({"Block"})), 2u);
+}
+
+// Blocks held outside a Sequential: in a ModuleList and as a named member, each a
+// tandem::nn::Hookable, picked by name; a plain member a name picks is a one-line error.
+struct StackImpl : torch::nn::Module {
+  StackImpl() : torch::nn::Module("Stack") {
+    torch::manual_seed(3);
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < 4; ++i) blocks->push_back(tandem::nn::Hookable(Block(kDim)));
+    head = register_module("head", tandem::nn::Hookable(Block(kDim)));
+    tail = register_module("tail", Block(kDim));
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (const auto& b : *blocks) x = b->as<tandem::nn::HookableImpl>()->forward(x);
+    return tail(head(x));
+  }
+  int calls_of(size_t i) { return blocks[i]->as<tandem::nn::HookableImpl>()->module()->as<BlockImpl>()->calls; }
+  torch::nn::ModuleList blocks{nullptr};
+  tandem::nn::Hookable head{nullptr};
+  Block tail{nullptr};
+};
+TORCH_MODULE(Stack);
+
+TEST(Checkpoint, BlocksPickedByNameWhereverTheyAreHeld) {
+  Stack plain_net;
+  const Step plain = step(*plain_net, batch(true), [&](const at::Tensor& x) { return plain_net->forward(x); });
+  Stack net;
+  EXPECT_EQ(tandem::nn::checkpoint_modules(*net, tandem::nn::CheckpointPolicy().every_n(2).module_names({"blocks.*", "head"})),
+            2u);  // blocks.1 and blocks.3 of the 5 candidates
+  EXPECT_EQ(net->named_parameters().keys(), plain_net->named_parameters().keys());
+  const Step checkpointed = step(*net, batch(true), [&](const at::Tensor& x) { return net->forward(x); });
+  expect_identical(plain, checkpointed);
+  std::vector<int> calls;
+  for (size_t i = 0; i < 4; ++i) calls.push_back(net->calls_of(i));
+  EXPECT_EQ(calls, (std::vector<int>{1, 2, 1, 2}));  // the picked ones ran again in backward
+  EXPECT_FALSE(net->head->activation_checkpointing());
+  Stack by_type;
+  EXPECT_EQ(tandem::nn::checkpoint_modules(
+                *by_type, tandem::nn::CheckpointPolicy().module_names({"blocks.*", "head"}).module_types({"Block"})),
+            5u);  // every_n 1: all of them
+}
+
+TEST(CheckpointErrors, ANamedPlainMemberIsAOneLineError) {
+  Stack net;
+  EXPECT_ERROR(tandem::nn::checkpoint_modules(*net, tandem::nn::CheckpointPolicy().module_names({"tail"})),
+               "activation checkpointing: 'tail' (Block) matches the policy's module_names but is held by 'Stack' "
+               "as a plain member: LibTorch calls its forward with no way to run code around it; hold it in a "
+               "torch::nn::Sequential, or as a tandem::nn::Hookable");
+  EXPECT_ERROR(tandem::nn::checkpoint_modules(*net, tandem::nn::CheckpointPolicy().module_names({"nothing.*"})),
+               "activation checkpointing: 'Stack' has no block to checkpoint (a module with parameters named by "
+               "the policy's module_names): put the blocks in a Sequential, or wrap them in tandem::nn::Checkpoint "
+               "yourself");
 }
 
 // The forward's autocast state is the recompute's (backward runs outside the autocast scope).

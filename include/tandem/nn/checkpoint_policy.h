@@ -15,14 +15,22 @@ namespace tandem::nn {
 
 /// Example:
 ///   tandem::nn::checkpoint_modules(*model, tandem::nn::CheckpointPolicy().every_n(2));
+///   tandem::nn::checkpoint_modules(*model, tandem::nn::CheckpointPolicy().module_names({"blocks.*"}));
 struct CheckpointPolicy {
   /// Checkpoint every n-th block, counting the candidates from 1 in the model's order: 1, every
   /// block; 2, the 2nd, 4th, ... (torchtitan's selective "every N layers": count % n == 0).
   TORCH_ARG(int64_t, every_n) = 1;
   /// The candidates are the entries of the model's torch::nn::Sequential containers that have
   /// parameters, of these types when the list is not empty (Module::name(); for a
-  /// tandem::fsdp::Unit, its wrapped module's).
+  /// tandem::fsdp::Unit or tandem::nn::Hookable, its wrapped module's).
   TORCH_ARG(std::vector<std::string>, module_types) = {};
+  /// Names of modules in the model, as named_modules() gives them, with `*` for any run of
+  /// characters ("layers.*", "*.attention"): when not empty, the candidates are the modules these
+  /// name (and of module_types, when that is set too), wherever they are held: an entry of a
+  /// Sequential is wrapped, a tandem::fsdp::Unit or tandem::nn::Hookable (in a ModuleList, or a
+  /// named member) checkpoints itself. A named module held otherwise is a one-line error: LibTorch
+  /// calls a plain member's forward with no way to run code around it.
+  TORCH_ARG(std::vector<std::string>, module_names) = {};
   /// CheckpointOptions::preserve_rng_state of every segment.
   TORCH_ARG(bool, preserve_rng_state) = true;
 };

@@ -8,6 +8,7 @@
 //   at::Tensor y = q(x);                               // hooks, then Linear's forward, then hooks
 //   q->add_forward_pre_hook([](size_t i, const at::Tensor& x) { return x * 2; });
 //   auto& linear = q->module()->as<torch::nn::Linear>();   // the wrapped module
+//   q->set_activation_checkpointing(true);             // its forward recomputed in backward, hooks outside
 //
 // Like tandem::fsdp::Unit it adopts the wrapped module's parameters, buffers and children under
 // their own names (tandem/nn/wrapper.h): "q.weight" stays "q.weight".
@@ -15,6 +16,7 @@
 #include <functional>
 #include <tuple>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -23,6 +25,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tandem/error.h"
+#include "tandem/nn/checkpoint.h"
 #include "tandem/nn/wrapper.h"
 
 namespace tandem::nn {
@@ -58,17 +61,41 @@ class HookableImpl : public Wrapper {
     pre_.clear();
     post_.clear();
   }
+  /// Activation checkpointing of the wrapped forward (checkpoint_modules sets it for a Hookable the
+  /// policy picks, wherever it is held): the forward between the hooks is one checkpointed
+  /// segment; the hooks (tensor parallelism's collectives) run outside the recompute.
+  void set_activation_checkpointing(bool on, const CheckpointOptions& options = {}) {
+    checkpoint_ = on ? std::optional<CheckpointOptions>(options) : std::nullopt;
+  }
+  bool activation_checkpointing() const { return checkpoint_.has_value(); }
 
  private:
   std::vector<PreHook> pre_;
   std::vector<PostHook> post_;
+  std::optional<CheckpointOptions> checkpoint_;
+
+  template <typename R, typename... A>
+  R run_inner(A&&... args) {
+    if constexpr (checkpointable_output<R> && (std::is_copy_constructible_v<std::decay_t<A>> && ... && true)) {
+      if (checkpoint_) {
+        torch::nn::AnyModule inner = inner_;
+        auto forward = [inner](auto&&... a) mutable { return inner.forward<R>(std::forward<decltype(a)>(a)...); };
+        return nn::checkpoint(CheckpointOptions(*checkpoint_).parameters(parameters()), forward,
+                              std::forward<A>(args)...);
+      }
+    } else {
+      TANDEM_CHECK(!checkpoint_, "nn::Hookable: '", module_->name(), "' is checkpointed, but its forward returns a ",
+                   "value or takes an argument that checkpointing cannot keep");
+    }
+    return inner_.forward<R>(std::forward<A>(args)...);
+  }
 
   template <typename R, size_t... I, typename... Args>
   R call_indexed(std::index_sequence<I...>, Args&&... args) {
     // A braced list runs the pre-hooks left to right (a call's arguments have no order in C++):
     // hooks that run collectives must run in one order on every process.
     std::tuple<decltype(before(I, std::forward<Args>(args)))...> converted{before(I, std::forward<Args>(args))...};
-    R output = std::apply([this](auto&&... a) { return inner_.forward<R>(std::forward<decltype(a)>(a)...); },
+    R output = std::apply([this](auto&&... a) { return run_inner<R>(std::forward<decltype(a)>(a)...); },
                           std::move(converted));
     if constexpr (std::is_same_v<R, at::Tensor>) {
       for (const auto& hook : post_) output = hook(output);
