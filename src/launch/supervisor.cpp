@@ -20,6 +20,7 @@
 #include "launch/mpirun_output.h"
 #include "launch/output_pump.h"
 #include "launch/process_tree.h"
+#include "launch/uncaught_exception.h"
 #include "launch/worker_process.h"
 
 extern char** environ;
@@ -103,6 +104,17 @@ void Supervisor::collect_flight_records(std::vector<WorkerProcess>& workers, int
                                [&](int rank) { return flight_dumped_since(folder, rank, asked_ns); }),
                 asked.end());
   }
+}
+
+std::string Supervisor::with_uncaught_exception(const std::string& failure) const {
+  if (aborted_log_.empty()) return failure;
+  const auto message = uncaught_exception_message(aborted_log_);
+  const char* name = ::strsignal(SIGABRT);
+  const std::string mark = std::string("signal ") + std::to_string(SIGABRT) + (name ? std::string(" (") + name + ")" : "");
+  const auto at = failure.find(mark);
+  if (!message || at == std::string::npos) return failure;
+  const auto end = at + mark.size();
+  return failure.substr(0, end) + ": uncaught exception: " + *message + failure.substr(end);
 }
 
 void Supervisor::report_flight_records(int attempt) const {
@@ -234,6 +246,8 @@ Supervisor::Outcome Supervisor::run_attempt(const Placement& placement, const st
         failure_ = "rank " + std::to_string(w.rank()) + " (local rank " + std::to_string(w.local_rank()) +
                    ", pid " + std::to_string(w.pid()) + ") failed with " +
                    WorkerProcess::describe_status(*w.status()) + "; its log: " + pump.stderr_log(w.rank());
+        const bool aborted = WIFSIGNALED(*w.status()) && WTERMSIG(*w.status()) == SIGABRT;
+        aborted_log_ = aborted ? pump.stderr_log(w.rank()) : "";
         note(failure_ + "; stopping the other workers");
         collect_flight_records(workers, placement.restart_count, [&] {
           std::vector<pollfd> out;
@@ -458,7 +472,7 @@ int Supervisor::run() {
            std::to_string(options_.max_restarts) + ")");
       continue;
     }
-    note("job failed: " + failure_ +
+    note("job failed: " + with_uncaught_exception(failure_) +
          (options_.max_restarts ? " (after " + std::to_string(options_.max_restarts) + " restarts)" : ""));
     return 1;
   }

@@ -55,10 +55,14 @@ class Supervisor {
   void collect_flight_records(std::vector<WorkerProcess>& workers, int attempt, const std::function<void()>& meanwhile);
   /// Prints what the attempt's flight records say, if it left any.
   void report_flight_records(int attempt) const;
+  /// `failure` with the message of the exception nothing caught, when SIGABRT ended the failed
+  /// worker after std::terminate printed one (uncaught_exception.h). Once its log is complete.
+  std::string with_uncaught_exception(const std::string& failure) const;
 
   LaunchOptions options_;
   int interrupt_signal_ = 0;
   std::string failure_;  // one line about the first failure of the last attempt
+  std::string aborted_log_;  // the stderr log of that failure's worker, when SIGABRT ended it
 };
 
 }  // namespace tandem::launch

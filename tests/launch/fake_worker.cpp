@@ -3,6 +3,8 @@
 //   ok                    print the torchrun variables, exit 0
 //   exit-if-rank R CODE   rank R exits with CODE after 0.5 s; the others sleep until killed
 //   kill-if-rank R        rank R sends itself SIGKILL after 0.5 s; the others sleep
+//   throw-if-rank R       rank R throws an exception nothing catches after 0.5 s (std::terminate:
+//                         "terminate called after throwing ...", then SIGABRT); the others sleep
 //   fail-first-attempt    rank 1 exits 1 on attempt 0; every rank writes DIR/seen_<RANK> with
 //                         TORCHELASTIC_RESTART_COUNT and exits 0 on later attempts
 //   sleep                 sleep until killed
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 
 namespace {
@@ -62,6 +65,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d failing on purpose\n", rank);
       if (mode == "kill-if-rank") ::raise(SIGKILL);
       return std::atoi(argv[4]);
+    }
+    sleep_forever();
+  }
+  if (mode == "throw-if-rank") {
+    if (rank == std::atoi(argv[3])) {
+      ::usleep(500000);
+      throw std::runtime_error("prepare_pipeline: 3 microbatches over pp_size 4: too few");
     }
     sleep_forever();
   }

@@ -197,6 +197,20 @@ TEST(Launcher, ARankKilledBySigkillStopsTheJob) {
   expect_all_gone(pids);
 }
 
+// A program that lets an exception escape dies of SIGABRT with its message two lines up its log;
+// the launcher's line quotes it.
+TEST(Launcher, AnUncaughtExceptionIsQuotedInTheFailureLine) {
+  TempDir dir;
+  Launcher l(dir, {"--nproc-per-node", "2", "--", FAKE_WORKER, "throw-if-rank", dir.path(), "1"});
+  auto pids = worker_pids(dir, 2);
+  EXPECT_EQ(l.wait(10s), 1);
+  EXPECT_TRUE(contains(l.err(), "job failed: rank 1 (local rank 1, pid " + std::to_string(pids[1]) +
+                                    ") failed with signal 6 (Aborted): uncaught exception: prepare_pipeline: 3 "
+                                    "microbatches over pp_size 4: too few; its log: "))
+      << l.err();
+  expect_all_gone(pids);
+}
+
 TEST(Launcher, MaxRestartsRestartsEveryWorkerWithTheRestartCount) {
   TempDir dir;
   Launcher l(dir, {"--nproc-per-node", "2", "--max-restarts", "1", "--", FAKE_WORKER, "fail-first-attempt", dir.path()});
