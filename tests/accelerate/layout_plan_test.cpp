@@ -106,10 +106,16 @@ int check_layouts(const Config& c) {
       return true;
     });
   };
-  if (T > 1) EXPECT_EQ(acc.tensor_parallel_group()->global_ranks(), group_of(3)) << c.str();
+  if (T > 1) {
+    EXPECT_EQ(acc.tensor_parallel_group()->global_ranks(), group_of(3)) << c.str();
+  }
   EXPECT_EQ(acc.pipeline_group()->global_ranks(), group_of(0)) << c.str();
-  if (acc.device_mesh() && R > 1) EXPECT_EQ(acc.device_mesh()->group("replicate")->global_ranks(), group_of(1)) << c.str();
-  if (acc.device_mesh() && S > 1) EXPECT_EQ(acc.device_mesh()->group("shard")->global_ranks(), group_of(2)) << c.str();
+  if (acc.device_mesh() && R > 1) {
+    EXPECT_EQ(acc.device_mesh()->group("replicate")->global_ranks(), group_of(1)) << c.str();
+  }
+  if (acc.device_mesh() && S > 1) {
+    EXPECT_EQ(acc.device_mesh()->group("shard")->global_ranks(), group_of(2)) << c.str();
+  }
   EXPECT_EQ(acc.data_parallel_size(), R * S) << c.str();
   EXPECT_EQ(acc.data_parallel_rank(), mine[1] * S + mine[2]) << c.str();
   EXPECT_EQ(acc.pipeline_rank(), mine[0]) << c.str();

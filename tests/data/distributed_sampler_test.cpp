@@ -112,7 +112,9 @@ TEST(DistributedSampler, ContinuesAnEpochAtAnyWorldSize) {
               int64_t fresh = 0;
               for (const auto& [i, c] : count) {
                 if (!read.count(i)) {
-                  if (!head.count(i)) EXPECT_EQ(c, 1) << "sample " << i << " read " << c << " times";
+                  if (!head.count(i)) {
+                    EXPECT_EQ(c, 1) << "sample " << i << " read " << c << " times";
+                  }
                   ++fresh;
                 }
               }
