@@ -8,6 +8,10 @@
 #include "tandem/error.h"
 
 namespace tandem::accelerate {
+namespace {
+// The MPI backend moves at most 128 MiB per rank at once.
+constexpr int64_t kPiece = int64_t{64} << 20;
+}  // namespace
 
 void send_to_main(const std::shared_ptr<comm::ProcessGroup>& pg, const std::string& what,
                   const std::function<std::string()>& build, const std::function<void(int, std::string)>& consume) {
@@ -24,7 +28,6 @@ void send_to_main(const std::shared_ptr<comm::ProcessGroup>& pg, const std::stri
   TANDEM_CHECK(failure.empty(), what, ": ", failure);
   TANDEM_CHECK(failed.item<int>() == 0, what, ": another process could not serialize its part (its error says "
                                         "why); nothing was written");
-  constexpr int64_t kPiece = int64_t{64} << 20;
   const auto lengths = pg->all_gather(at::full({1}, static_cast<int64_t>(mine.size()), at::kLong));
   if (rank == 0) consume(0, std::move(mine));
   for (int r = 1; r < world; ++r) {
@@ -47,5 +50,20 @@ void send_to_main(const std::shared_ptr<comm::ProcessGroup>& pg, const std::stri
   }
 }
 
+
+std::string broadcast_from_main(comm::ProcessGroup& pg, std::string bytes) {
+  at::Tensor length = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
+  pg.broadcast(length, 0);
+  const int64_t total = length.item<int64_t>();
+  if (pg.rank() != 0) bytes.assign(static_cast<size_t>(total), '\0');
+  for (int64_t at = 0; at < total; at += kPiece) {
+    const int64_t n = std::min(kPiece, total - at);
+    at::Tensor piece = at::empty({n}, at::kByte);
+    if (pg.rank() == 0) std::memcpy(piece.data_ptr(), bytes.data() + at, static_cast<size_t>(n));
+    pg.broadcast(piece, 0);
+    if (pg.rank() != 0) std::memcpy(bytes.data() + at, piece.data_ptr(), static_cast<size_t>(n));
+  }
+  return bytes;
+}
 
 }  // namespace tandem::accelerate

@@ -1,6 +1,6 @@
 #pragma once
-// send_to_main: every rank's bytes to the main process, one rank at a time (checkpoints,
-// get_state_dict).
+// send_to_main and broadcast_from_main: bytes between every rank and the main process, in pieces
+// the MPI backend can move (checkpoints, get_state_dict).
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,5 +19,9 @@ namespace tandem::accelerate {
 // `what` leads the one-line errors ("save_state").
 void send_to_main(const std::shared_ptr<comm::ProcessGroup>& pg, const std::string& what,
                   const std::function<std::string()>& build, const std::function<void(int, std::string)>& consume);
+
+/// The main process's `bytes` on every process (the others' are ignored), broadcast in the same
+/// pieces. Collective.
+std::string broadcast_from_main(comm::ProcessGroup& pg, std::string bytes);
 
 }  // namespace tandem::accelerate

@@ -60,23 +60,6 @@ std::vector<Box> unpack(const std::string& bytes) {
   return boxes;
 }
 
-// Broadcasts the main process's bytes to every process, in pieces of 64 MiB (as send_to_main).
-std::string broadcast_bytes(comm::ProcessGroup& pg, std::string bytes) {
-  at::Tensor length = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
-  pg.broadcast(length, 0);
-  const int64_t total = length.item<int64_t>();
-  if (pg.rank() != 0) bytes.assign(static_cast<size_t>(total), '\0');
-  constexpr int64_t kPiece = int64_t{64} << 20;
-  for (int64_t at = 0; at < total; at += kPiece) {
-    const int64_t n = std::min(kPiece, total - at);
-    at::Tensor piece = at::empty({n}, at::kByte);
-    if (pg.rank() == 0) std::memcpy(piece.data_ptr(), bytes.data() + at, static_cast<size_t>(n));
-    pg.broadcast(piece, 0);
-    if (pg.rank() != 0) std::memcpy(bytes.data() + at, piece.data_ptr(), static_cast<size_t>(n));
-  }
-  return bytes;
-}
-
 }  // namespace
 
 // Note [Whole tensors from boxes]
@@ -147,7 +130,7 @@ Accelerator::NamedTensors Accelerator::state_dict_of(const torch::nn::Module* ow
     all.push_back({name, t.scalar_type(), t.sizes().vec(), std::vector<int64_t>(t.dim(), 0), t.sizes().vec(), t});
   }
   NamedTensors everywhere;
-  for (Box& b : unpack(broadcast_bytes(*pg_, is_main_process() ? pack(all) : std::string()))) {
+  for (Box& b : unpack(accelerate::broadcast_from_main(*pg_, is_main_process() ? pack(all) : std::string()))) {
     everywhere.emplace_back(b.name, b.data.view(b.shape));
   }
   return everywhere;

@@ -373,9 +373,6 @@ class Accelerator {
   /// parallelism's: the mesh's "replicate" x "shard"), FSDP's shards (the mesh's "shard").
   std::shared_ptr<comm::ProcessGroup> data_parallel_group() const { return dp_group_ ? dp_group_ : pg_; }
   std::shared_ptr<comm::ProcessGroup> shard_group() const { return mesh_ ? mesh_->group("shard") : pg_; }
-  /// Whether this process writes its rows of sharded state: under HSDP only the first replica's
-  /// processes do (the others hold the same rows).
-  bool writes_rows() const { return !mesh_ || mesh_->local_rank("replicate") == 0; }
   /// The parameters, then the buffers, each with its layout.
   std::vector<ModelSlot> model_layout(const fsdp::ShardedParameters* engine, torch::nn::Module& module,
                                       const TensorParallelCut& cut) const;
