@@ -234,9 +234,8 @@ void Accelerator::checkpoint_activations(torch::nn::Module& model) const {
 // Replicate dimension.
 comm::Layout Accelerator::layout_of(const at::Tensor& param, const std::vector<int64_t>& local_shape,
                                     const TensorParallelCut& cut, std::optional<std::pair<int64_t, int64_t>> rows) const {
-  const int stage_size = plan_.replicate * plan_.shard * plan_.tp;
-  const int r = world_.rank % stage_size;  // row-major (Note [Parallelism plan])
-  std::vector<int64_t> coordinate{r / (plan_.shard * plan_.tp), (r / plan_.tp) % plan_.shard, r % plan_.tp};
+  const int dp = data_parallel_rank();  // "replicate" x "shard", row-major (Note [Parallelism plan])
+  std::vector<int64_t> coordinate{dp / plan_.shard, dp % plan_.shard, parallel_ranks().tp};
   std::vector<int64_t> shape = local_shape;
   comm::Placement tp = comm::Placement::replicate(), shard = comm::Placement::replicate();
   auto it = cut.dims.find(param.unsafeGetTensorImpl());
