@@ -12,7 +12,6 @@
 
 #include <c10/util/accumulate.h>
 #include <nlohmann/json.hpp>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 #include <torch/utils.h>
 
@@ -464,55 +463,61 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
       if (scaler_->state_of(o->optimizer()) == amp::OptState::Ready) scaler_->unscale(o->optimizer());
     }
   }
-  if (plan_.tp > 1 || plan_.pp > 1) return clip_tensor_parallel(parameters, max_norm, norm_type);
-  // One optimizer (the common case) clips its own way; several: each gradient counted where its
-  // optimizer keeps it (ZeRO-1's owners, rank 0 for whole ones). Gradients split into pieces
-  // (ZeRO-2, FSDP) are each optimizer's own, so one norm over several of them is refused.
-  if (optimizers_.size() == 1) return optimizers_.front()->clip_grad_norm(parameters, max_norm, norm_type);
-  std::vector<const zero::DistributedOptimizer*> owners;
-  for (const auto& o : optimizers_) {
-    TANDEM_CHECK(!o->partitioned(), "clip_grad_norm: under zero_stage 2 or FSDP with several optimizers the gradients "
-                                    "of each are sharded apart; clip with one prepared optimizer");
-    if (o->state_layout() == zero::DistributedOptimizer::StateLayout::ByParameter) owners.push_back(o.get());
-  }
-  if (owners.empty()) return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
-  return zero::clip_grad_norm(parameters, owners, *pg_, max_norm, norm_type);
+  bool whole_everywhere = true;
+  const zero::GradientPieces pieces = gradient_pieces(parameters, whole_everywhere);
+  return zero::clip_grad_norm(pieces, whole_everywhere || !pg_ ? nullptr : pg_.get(), max_norm, norm_type);
 }
 
-// Note [Clipping tensor-parallel gradients]
-// Under tensor parallelism a rank holds pieces of some gradients (the parameters the plan cut;
-// under FSDP, rows of those pieces) and copies of others: the whole parameters are the same on
-// every rank of a tensor-parallel group, DDP's gradients on every data-parallel rank, HSDP's on
-// every replica. The norm counts each piece once over the whole job: a cut parameter's on the
-// first data-parallel rank (the first replica under FSDP), a whole one's there and on the first
-// tensor-parallel rank only; one all-reduce over every process sums them, and every rank scales
-// what it holds by torch's coefficient. Pipeline stages are pieces the same way: each stage's
-// parameters are on its own processes only, counted on the first data-parallel rank of them.
-double Accelerator::clip_tensor_parallel(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
-  std::vector<at::Tensor> grads;
-  std::vector<bool> counted;
+// Note [Clipping over layouts]
+// Each gradient goes to zero::clip_grad_norm (Note [One norm over pieces]) as its layout places it:
+// FSDP's shard's gradient (rows of the parameter, or of its tensor-parallel part), ZeRO-2's flat
+// slices, or the parameter's own gradient, whole or tensor parallelism's part. Each counts where
+// its layout counts it (Layout::counts: one copy over the job; under HSDP the first replica's),
+// ZeRO-1's where its owner keeps it. The model is cut when some gradient is a piece or a pipeline
+// splits the parameters between stages; where every process holds every gradient whole and the
+// same (one process, DataParallel, DDP without ZeRO) each takes torch's norm alone, no collective.
+zero::GradientPieces Accelerator::gradient_pieces(const std::vector<at::Tensor>& parameters,
+                                                  bool& whole_everywhere) const {
+  zero::GradientPieces pieces;
+  pieces.cut = plan_.pp > 1;  // the stages hold different parameters (one stage holds them all)
+  whole_everywhere = plan_.pp == 1;
   for (const auto& p : parameters) {
-    at::Tensor grad;
-    std::optional<comm::Layout> layout;
-    bool sharded = false;
+    const ModelEntry* sharded = nullptr;
     for (const auto& m : models_) {
-      const auto spec = m.fsdp ? m.fsdp->spec_of(p) : std::nullopt;
-      if (spec) {
-        grad = m.fsdp->shard_of(p).grad();
-        sharded = true;
-        layout = layout_of(p, spec->shape, m.tp, std::make_pair(spec->first_row, spec->owned_rows));
-      } else if (!layout && m.tp.dims.count(p.unsafeGetTensorImpl())) {
-        layout = layout_of(p, p.sizes().vec(), m.tp, std::nullopt);
-      }
+      if (m.fsdp && m.fsdp->spec_of(p)) sharded = &m;
     }
-    TANDEM_CHECK(sharded || plan_.strategy != Strategy::Fsdp, "clip_grad_norm: a tensor of shape ", p.sizes(),
+    if (sharded) {
+      const auto spec = sharded->fsdp->spec_of(p);
+      const comm::Layout layout =
+          layout_of(p, spec->shape, sharded->tp, std::make_pair(spec->first_row, spec->owned_rows));
+      pieces.add(sharded->fsdp->shard_of(p).grad(), layout.counts(), p);
+      pieces.cut = true;
+      continue;
+    }
+    TANDEM_CHECK(plan_.strategy != Strategy::Fsdp, "clip_grad_norm: a tensor of shape ", p.sizes(),
                  " is no parameter of a prepared model: under FSDP its gradient lives on a shard");
-    if (plan_.strategy != Strategy::Fsdp) grad = p.grad();
-    if (!layout) layout = layout_of(p, p.sizes().vec(), {}, std::nullopt);  // whole on every process
-    grads.push_back(grad);
-    counted.push_back(layout->counts());
+    std::optional<std::vector<at::Tensor>> slices;  // ZeRO-2's
+    int owner = -1;                                  // ZeRO-1's
+    for (const auto& o : optimizers_) {
+      if (zero::PartitionedOptimizer* partitioned = o->partitioned(); partitioned && !slices) {
+        slices = partitioned->gradient_pieces(p);
+      }
+      if (owner < 0) owner = o->owner_of(p);
+    }
+    if (slices) {
+      for (const auto& slice : *slices) pieces.add(slice, true, p);
+      pieces.cut = true;
+    } else if (owner >= 0) {
+      zero::add_owned_gradient(pieces, p, owner, data_parallel_rank());
+      whole_everywhere = false;
+    } else {
+      const comm::Layout layout = layout_of(p, p.sizes().vec(), tp_cut_of(p), std::nullopt);
+      pieces.add(p.grad(), layout.counts(), p);
+      if (!layout.whole()) pieces.cut = true;
+    }
   }
-  return zero::clip_grad_norm_of_pieces(grads, counted, *pg_, max_norm, norm_type);
+  if (pieces.cut) whole_everywhere = false;
+  return pieces;
 }
 
 Accelerator::TensorParallelCut Accelerator::parallelize(torch::nn::Module& module, const tp::Plan* plan) {

@@ -725,14 +725,15 @@ double Engine::clip_grad_norm(double max_norm, double norm_type) {
 }
 
 double Engine::clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
-  std::vector<at::Tensor> grads;
+  zero::GradientPieces pieces;
+  pieces.cut = true;
   for (const auto& p : parameters) {
     const at::Tensor shard = shard_of(p);
     TANDEM_CHECK(shard.defined(), "fsdp: clip_grad_norm was given a tensor of shape ", p.sizes(),
                  " that is no parameter of the sharded model");
-    grads.push_back(shard.grad());
+    pieces.add(shard.grad(), true, shard);
   }
-  return zero::clip_sharded_grad_norm(grads, *s_->pg, max_norm, norm_type);
+  return zero::clip_grad_norm(pieces, s_->pg.get(), max_norm, norm_type);
 }
 
 void Engine::reset_peak() { s_->peak_transient = 0; }

@@ -40,6 +40,12 @@ double FsdpOptimizer::clip_grad_norm(const std::vector<at::Tensor>& parameters, 
   return engine_->clip_grad_norm(parameters, max_norm, norm_type);
 }
 
+std::optional<std::vector<at::Tensor>> FsdpOptimizer::gradient_pieces(const at::Tensor& param) const {
+  const at::Tensor shard = engine_->shard_of(param);
+  if (!shard.defined()) return std::nullopt;
+  return std::vector<at::Tensor>{shard.grad()};
+}
+
 std::vector<std::pair<at::Tensor, zero::PartitionedOptimizer::NamedState>> FsdpOptimizer::gather_state() {
   at::NoGradGuard no_grad;
   auto& pg = *engine_->process_group();

@@ -1,6 +1,6 @@
 #include "tandem/zero/distributed_optimizer.h"
 
-#include <torch/nn/utils/clip_grad.h>
+#include "tandem/zero/clip_grad_norm.h"
 
 namespace tandem::zero {
 
@@ -9,7 +9,10 @@ WholeOptimizer::WholeOptimizer(torch::optim::Optimizer& optimizer) : optimizer_(
 }
 
 double WholeOptimizer::clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
-  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+  // Every rank holds every gradient whole and the same: torch's norm, no collective.
+  GradientPieces pieces;
+  for (const auto& p : parameters) pieces.add(p.grad(), true, p);
+  return zero::clip_grad_norm(pieces, nullptr, max_norm, norm_type);
 }
 
 }  // namespace tandem::zero

@@ -152,23 +152,32 @@ void GradientShardedOptimizer::zero_grad() {
 
 double GradientShardedOptimizer::clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm,
                                                 double norm_type) {
-  // Each parameter's pieces of this rank's slices, views of the reducer's gradient shards, once
-  // per time it is given (torch counts, and clips, a parameter given twice twice).
-  std::vector<at::Tensor> pieces;
+  // Each parameter's pieces of this rank's slices, once per time it is given (torch counts, and
+  // clips, a parameter given twice twice).
+  GradientPieces pieces;
+  pieces.cut = true;
   for (const auto& p : parameters) {
-    auto it = index_of_.find(p.unsafeGetTensorImpl());
-    if (it == index_of_.end()) {
+    const auto mine = gradient_pieces(p);
+    if (!mine) {
       TANDEM_CHECK(!p.requires_grad(), "clip_grad_norm: a parameter of shape ", p.sizes(),
                    " is none of the ZeRO-2 model's, whose gradients are sharded: clip it apart");
       continue;  // frozen: no gradient, as torch skips it
     }
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      for (const auto& piece : buckets_[b].mine) {
-        if (piece.param == it->second) pieces.push_back(buckets_[b].grad.narrow(0, piece.shard_offset, piece.length));
-      }
+    for (const auto& g : *mine) pieces.add(g, true, p);
+  }
+  return zero::clip_grad_norm(pieces, pg_.get(), max_norm, norm_type);
+}
+
+std::optional<std::vector<at::Tensor>> GradientShardedOptimizer::gradient_pieces(const at::Tensor& param) const {
+  auto it = index_of_.find(param.unsafeGetTensorImpl());
+  if (it == index_of_.end()) return std::nullopt;
+  std::vector<at::Tensor> out;  // views of the reducer's gradient shards
+  for (const auto& bucket : buckets_) {
+    for (const auto& piece : bucket.mine) {
+      if (piece.param == it->second) out.push_back(bucket.grad.narrow(0, piece.shard_offset, piece.length));
     }
   }
-  return clip_sharded_grad_norm(pieces, *pg_, max_norm, norm_type);
+  return out;
 }
 
 int64_t GradientShardedOptimizer::shard_numel() const {

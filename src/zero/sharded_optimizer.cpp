@@ -93,7 +93,9 @@ void ShardedOptimizer::sync_parameters() {
 }
 
 double ShardedOptimizer::clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
-  return zero::clip_grad_norm(parameters, {this}, *pg_, max_norm, norm_type);
+  GradientPieces pieces;
+  for (const auto& p : parameters) add_owned_gradient(pieces, p, owner_of(p), pg_->rank());
+  return zero::clip_grad_norm(pieces, pg_.get(), max_norm, norm_type);
 }
 
 void ShardedOptimizer::zero_grad(bool set_to_none) {

@@ -611,7 +611,7 @@ void check_checkpoint_against_single_process(tandem::Accelerator& acc, const at:
 // The Accelerator with tp_size 2 (and DDP or FSDP over what is left): each data-parallel rank
 // trains on its share of every global batch; one process trains on the whole of it. Gradient
 // clipping is active (max_norm below the norms), so the norm each step returns checks every
-// gradient piece counted once (Note [Clipping tensor-parallel gradients]); the second step clips
+// gradient piece counted once (Note [Clipping over layouts]); the second step clips
 // by the inf-norm.
 void check_accelerator_against_single_process(tandem::Strategy strategy,
                                               tandem::ParallelismConfig parallelism = tandem::ParallelismConfig().tp_size(2)) {

@@ -25,7 +25,6 @@
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/error.h"
-#include "tandem/zero/clip_grad_norm.h"
 #include "tandem/zero/sharded_optimizer.h"
 #include "tandem/zero/state_bytes.h"
 
@@ -200,7 +199,7 @@ TEST(ShardedOptimizer, ClipGradNormWithNoGradientOnSomeRanksEqualsTorch) {
     const double expected = torch::nn::utils::clip_grad_norm_({whole, other}, 1.0, norm_type);
     big.mutable_grad() = pg().rank() == 0 ? g.clone() : at::Tensor();
     small.mutable_grad() = at::Tensor();
-    EXPECT_EQ(tandem::zero::clip_grad_norm({big, small}, {&sharded}, pg(), 1.0, norm_type), expected) << norm_type;
+    EXPECT_EQ(sharded.clip_grad_norm({big, small}, 1.0, norm_type), expected) << norm_type;
     if (pg().rank() == 0) {
       EXPECT_TRUE(at::equal(big.grad(), whole.grad())) << norm_type;
     }
@@ -226,7 +225,7 @@ TEST(ShardedOptimizerGpu, ClipGradNormOnCudaEqualsTorch) {
     const double expected = torch::nn::utils::clip_grad_norm_({whole, other}, 1.0, norm_type);
     big.mutable_grad() = sharded.owner(0, 0) == pg().rank() ? g.clone() : at::Tensor();
     small.mutable_grad() = sharded.owner(0, 1) == pg().rank() ? h.clone() : at::Tensor();
-    EXPECT_NEAR(tandem::zero::clip_grad_norm({big, small}, {&sharded}, pg(), 1.0, norm_type), expected, 1e-6 * expected)
+    EXPECT_NEAR(sharded.clip_grad_norm({big, small}, 1.0, norm_type), expected, 1e-6 * expected)
         << norm_type;
     if (sharded.owner(0, 0) == pg().rank()) {
       EXPECT_TRUE(at::allclose(big.grad(), whole.grad())) << norm_type;

@@ -45,6 +45,7 @@
 #include "tandem/fsdp/sharded_parameters.h"
 #include "tandem/tp/random.h"
 #include "tandem/tp/style.h"
+#include "tandem/zero/clip_grad_norm.h"
 #include "tandem/zero/distributed_optimizer.h"
 
 namespace torch::optim {
@@ -363,8 +364,9 @@ class Accelerator {
   void check_pipeline_options(const std::string& who) const;
   /// From here on each pipeline stage draws its own random numbers (Note [Seeds per stage]).
   void seed_stage();
-  /// Note [Clipping tensor-parallel gradients] (accelerator.cpp).
-  double clip_tensor_parallel(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type);
+  /// Each parameter's gradient as its layout places it (Note [Clipping over layouts]);
+  /// `whole_everywhere`: whether every process holds every one whole and the same.
+  zero::GradientPieces gradient_pieces(const std::vector<at::Tensor>& parameters, bool& whole_everywhere) const;
   at::Tensor gather_over(comm::ProcessGroup* group, const at::Tensor& tensor);
   fsdp::FullyShardOptions fsdp_options(torch::nn::Module& model) const;
   /// activation_checkpointing under Single and Ddp (FSDP's own option does it under Fsdp).

@@ -25,6 +25,7 @@ class FsdpOptimizer : public zero::PartitionedOptimizer {
   double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0) override;
   const std::vector<std::vector<at::Tensor>>& all_params() const override { return all_; }
   std::vector<std::pair<at::Tensor, NamedState>> gather_state() override;
+  std::optional<std::vector<at::Tensor>> gradient_pieces(const at::Tensor& param) const override;
 
   /// This rank's rows of every parameter's state (none for parameters whose rows it does not
   /// hold, but rank 0's empty rows of a parameter with no rows; "step" from every rank that has

@@ -88,6 +88,7 @@ class GradientShardedOptimizer : public PartitionedOptimizer {
   BuiltState build_state(const StateOf& state_of) const override;
   /// Replaces the shards' state by what build_state made (does not throw for its result).
   void install_state(BuiltState built) override;
+  std::optional<std::vector<at::Tensor>> gradient_pieces(const at::Tensor& param) const override;
 
  private:
   struct Piece {  // elements [param_offset, +length) of a parameter at [shard_offset, +length) of a shard

@@ -4,6 +4,7 @@
 // Accelerator needs to step, clip and checkpoint either, whole parameter by whole parameter.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,9 @@ class PartitionedOptimizer : public DistributedOptimizer {
   virtual BuiltState build_state(const StateOf& state_of) const = 0;
   /// Replaces the pieces' state by what build_state made (does not throw for its result).
   virtual void install_state(BuiltState built) = 0;
+  /// Clipping: this rank's pieces of `param`'s gradient (possibly none), views of what step()
+  /// reads; nullopt when `param` is none of this optimizer's.
+  virtual std::optional<std::vector<at::Tensor>> gradient_pieces(const at::Tensor& param) const = 0;
 
   // StateLayout::ByRows only (FSDP): the rows each rank holds.
   /// One tensor of this rank's optimizer state: rows [first_row, first_row + rows.size(0)) of the
