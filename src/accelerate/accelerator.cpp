@@ -263,10 +263,6 @@ const Accelerator::TensorParallelCut& Accelerator::tp_cut_of(const at::Tensor& p
   return none;
 }
 
-bool Accelerator::writes_shared_value() const {
-  return has_pipeline() ? data_parallel_rank() == 0 : world_.rank == 0;
-}
-
 std::vector<Accelerator::ModelSlot> Accelerator::model_layout(const fsdp::ShardedParameters* engine,
                                                               torch::nn::Module& module,
                                                               const TensorParallelCut& cut) const {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "accelerate/sharded_tensors.h"
+#include "accelerate/state_format.h"
 #include "tandem/accelerate/checkpoint_dir.h"
 #include "tandem/accelerate/safetensors.h"
 #include "tandem/error.h"
@@ -18,7 +19,7 @@ namespace {
 
 nlohmann::json state_of(const CheckpointReader& reader, const std::string& where) {
   const auto state = nlohmann::json::parse(reader.read("state.json"));
-  TANDEM_CHECK(state.value("format", 0) == 2 && state.contains("optimizers"), where,
+  TANDEM_CHECK(state.value("format", 0) == kStateFormat && state.contains("optimizers"), where,
                ": state.json has no optimizer state by name (format ", state.value("format", 0),
                "; written by an older Tandem?)");
   return state;

@@ -27,6 +27,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -55,6 +56,10 @@ class Optimizer;
 namespace tandem {
 
 class Accelerator;
+namespace accelerate {
+struct ChunkPiece;  // src/accelerate/sharded_tensors.h: what a checkpoint writes of a tensor
+class CheckpointReader;
+}
 
 /// A tensor of a prepared model as Accelerator::layouts gives it (DTensor's placements and
 /// to_local()): its name in the module, its layout, and what this process holds of it (a view:
@@ -353,9 +358,6 @@ class Accelerator {
   /// holding rows [first_row, first_row + count) of that (checked against the placements' rule).
   comm::Layout layout_of(const at::Tensor& param, const std::vector<int64_t>& local_shape,
                          const TensorParallelCut& cut, std::optional<std::pair<int64_t, int64_t>> rows) const;
-  /// Whether this rank writes what every copy holds alike (a whole tensor, an optimizer's step):
-  /// the main process, or under a pipeline the first data-parallel process of each stage.
-  bool writes_shared_value() const;
   /// The cut of the parameter's model (every parameter's is the same rank and size).
   const TensorParallelCut& tp_cut_of(const at::Tensor& param) const;
   /// prepare_pipeline's one-line refusals, before anything is prepared.
@@ -403,6 +405,21 @@ class Accelerator {
   bool has_pipeline() const;
   std::vector<std::vector<at::Tensor>> optimizer_groups(size_t o) const;
   std::vector<at::Tensor> held_parameters(size_t o) const;
+  /// The pieces of a checkpoint's model (`members`: models_ indices) or of optimizer `o`'s state
+  /// that this process writes, and whether they make one file (Note [One save path]).
+  std::vector<accelerate::ChunkPiece> model_pieces(const std::vector<size_t>& members, bool& one_file) const;
+  std::vector<accelerate::ChunkPiece> optimizer_pieces(size_t o, const std::unordered_map<const void*, std::string>& names,
+                                                       bool& one_file);
+  /// Whether optimizer `o`, of a type without a named format, is saved as one LibTorch archive per
+  /// rank (its state is not whole on the main process), or as one.
+  bool archive_per_rank(size_t o) const;
+  // load_state's steps (Note [Loading all or nothing]): read and check, then apply.
+  struct StagedCheckpoint;
+  void stage_shape(const accelerate::CheckpointReader& reader, StagedCheckpoint& staged) const;
+  void stage_models(const accelerate::CheckpointReader& reader, StagedCheckpoint& staged) const;
+  void stage_optimizers(const accelerate::CheckpointReader& reader, StagedCheckpoint& staged);
+  void stage_progress(const accelerate::CheckpointReader& reader, StagedCheckpoint& staged) const;
+  void apply(StagedCheckpoint& staged);
   template <typename Dataset>
   void register_loader(accelerate::PreparedLoader<Dataset>& loader);
 
