@@ -469,14 +469,19 @@ double Accelerator::clip_grad_norm(const std::vector<at::Tensor>& parameters, do
 // FSDP's shard's gradient (rows of the parameter, or of its tensor-parallel part), ZeRO-2's flat
 // slices, or the parameter's own gradient, whole or tensor parallelism's part. Each counts where
 // its layout counts it (Layout::counts: one copy over the job; under HSDP the first replica's),
-// ZeRO-1's where its owner keeps it. The model is cut when some gradient is a piece or a pipeline
-// splits the parameters between stages; where every process holds every gradient whole and the
-// same (one process, DataParallel, DDP without ZeRO) each takes torch's norm alone, no collective.
+// ZeRO-1's where its owner keeps it. The model is cut when some gradient is a piece (FSDP, ZeRO-2)
+// or tensor or pipeline parallelism split it (the plan's tp_size or pp_size above 1, whichever
+// parameters are given); where every process holds every gradient whole and the same (one
+// process, DataParallel, DDP without ZeRO) each takes torch's norm alone, no collective. Under
+// HSDP the norm is summed over every process (exact zeros from the other replicas), not over one
+// replica's shard group: with more than two shards the double sum may add in another order.
 zero::GradientPieces Accelerator::gradient_pieces(const std::vector<at::Tensor>& parameters,
                                                   bool& whole_everywhere) const {
   zero::GradientPieces pieces;
-  pieces.cut = plan_.pp > 1;  // the stages hold different parameters (one stage holds them all)
-  whole_everywhere = plan_.pp == 1;
+  // Pipeline stages hold different parameters (one stage holds them all); tensor parallelism's
+  // copies of a whole parameter count once, on the first tensor-parallel rank, as its cut ones.
+  pieces.cut = plan_.pp > 1 || plan_.tp > 1;
+  whole_everywhere = !pieces.cut;
   for (const auto& p : parameters) {
     const ModelEntry* sharded = nullptr;
     for (const auto& m : models_) {
@@ -502,6 +507,7 @@ zero::GradientPieces Accelerator::gradient_pieces(const std::vector<at::Tensor>&
     }
     if (slices) {
       for (const auto& slice : *slices) pieces.add(slice, true, p);
+      if (slices->empty()) pieces.add({}, false, p);  // none here: the parameter's device, for the all-reduce
       pieces.cut = true;
     } else if (owner >= 0) {
       zero::add_owned_gradient(pieces, p, owner, data_parallel_rank());

@@ -3,6 +3,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -172,7 +176,7 @@ void Accelerator::stage_optimizers(const accelerate::CheckpointReader& reader, S
     const bool saved_sharded = entry.at("sharded").get<bool>();
     const auto files = entry.at("files").get<std::vector<std::string>>();
     if (entry.at("type").get<std::string>().empty()) {  // a LibTorch archive: it loads only where it was written
-      const bool sharded = archive_per_rank(o);
+      const bool sharded = state_per_rank(o);
       TANDEM_CHECK(saved_sharded == sharded && staged.same_shape && !files.empty(), where,
                    " is an optimizer of its own type saved as LibTorch archive(s) by ", staged.saved_world,
                    " process(es) at tp_size ", staged.saved_tp, ", ", saved_sharded ? "sharded" : "whole",

@@ -87,8 +87,9 @@ std::vector<std::pair<std::string, at::Tensor>> rng_states(const std::shared_ptr
 // Models and optimizers are saved alike: each gives the pieces of its tensors this process
 // writes (model_pieces, optimizer_pieces: a box of each whole tensor, with its offsets and whole
 // shape, where the tensor's layout says this copy is the one that counts), and one writer writes
-// them: as one file from the main process when every tensor is whole and nothing else is a
-// pipeline stage (the main process's copies count), else one file per rank. An optimizer's state
+// them: as one file from the main process when its copies are the ones that count (a model whole
+// and no pipeline; an optimizer whose state is whole on every process, neither ZeRO-1's by owner
+// nor FSDP's by rows, and not laid out by tensor or pipeline parallelism), else one file per rank. An optimizer's state
 // tensor lies as its parameter; its "step" is one number per parameter, the first process of the
 // parameter's stage writes it; ZeRO-1's owner writes what it keeps; ZeRO-2 gathers its slices
 // into whole tensors (collective), the main process's copy counting. The files are the ones each
@@ -109,8 +110,7 @@ std::vector<accelerate::ChunkPiece> Accelerator::model_pieces(const std::vector<
   return pieces;
 }
 
-std::vector<accelerate::ChunkPiece> Accelerator::optimizer_pieces(size_t o, const accelerate::ParamNames& names,
-                                                                   bool& one_file) {
+std::vector<accelerate::ChunkPiece> Accelerator::optimizer_pieces(size_t o, const accelerate::ParamNames& names) {
   zero::DistributedOptimizer& prepared = *optimizers_[o];
   zero::PartitionedOptimizer* partitioned = prepared.partitioned();
   const auto kind = prepared.state_layout();
@@ -119,7 +119,6 @@ std::vector<accelerate::ChunkPiece> Accelerator::optimizer_pieces(size_t o, cons
   // A parameter's step: whole on its stage's processes, the first one's counts.
   auto step_counts = [&](const at::Tensor& param) { return layout_of(param, {}, {}, std::nullopt).counts(); };
   if (kind == zero::DistributedOptimizer::StateLayout::ByRows) {  // FSDP: each state tensor's rows
-    one_file = false;
     for (auto& owned : partitioned->owned_state()) {
       const std::string name = names.at(owned.param.unsafeGetTensorImpl()) + "." + owned.key;
       if (owned.key == "step") {
@@ -133,7 +132,6 @@ std::vector<accelerate::ChunkPiece> Accelerator::optimizer_pieces(size_t o, cons
     return pieces;
   }
   if (partitioned) {  // ZeRO-2: the flat slices gathered into whole tensors (collective)
-    one_file = true;
     for (auto& [param, state] : partitioned->gather_state()) {
       for (auto& [key, t] : state) {
         if (is_main_process()) whole(names.at(param.unsafeGetTensorImpl()) + "." + key, t);
@@ -143,10 +141,8 @@ std::vector<accelerate::ChunkPiece> Accelerator::optimizer_pieces(size_t o, cons
   }
   // The parameters' own state: every parameter's (a whole optimizer), or the owned ones' (ZeRO-1).
   const bool by_owner = kind == zero::DistributedOptimizer::StateLayout::ByParameter;
-  one_file = !has_pipeline() && !by_owner;
   for (const auto& p : held_parameters(o)) {
     const comm::Layout l = layout_of(p, p.sizes().vec(), tp_cut_of(p), std::nullopt);
-    one_file = one_file && l.whole();
     const std::string step = names.at(p.unsafeGetTensorImpl()) + ".step";
     for (auto& [name, t] : accelerate::named_state(prepared.optimizer(), {p}, names)) {
       if (name == step) {
@@ -159,7 +155,7 @@ std::vector<accelerate::ChunkPiece> Accelerator::optimizer_pieces(size_t o, cons
   return pieces;
 }
 
-bool Accelerator::archive_per_rank(size_t o) const {
+bool Accelerator::state_per_rank(size_t o) const {
   return optimizers_[o]->state_layout() != zero::DistributedOptimizer::StateLayout::Whole || plan_.tp > 1 ||
          has_pipeline();
 }
@@ -244,12 +240,12 @@ std::string Accelerator::save_state(const std::string& root) {
     const auto names = names_for(identities, groups);
     const bool named = !accelerate::named_optimizer_type(optimizer).empty();
     nlohmann::json entry{{"type", ""}};
-    bool one_file = !archive_per_rank(o);
+    const bool one_file = !state_per_rank(o);
     std::vector<accelerate::ChunkPiece> pieces;
     if (named) {
       entry = accelerate::describe_optimizer(optimizer, groups, names);
       if (has_pipeline()) entry = describe_every_stage(pg_, std::move(entry));
-      pieces = optimizer_pieces(o, names, one_file);
+      pieces = optimizer_pieces(o, names);
     }
     entry["sharded"] = !one_file;
     entry["files"] = write([&](int r, bool sharded) { return optimizer_file(o, r, sharded, named); },

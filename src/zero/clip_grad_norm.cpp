@@ -19,23 +19,26 @@ double clip_whole(const GradientPieces& pieces, comm::ProcessGroup* pg, double m
   for (int64_t i = 0; i < n; ++i) {
     const auto& piece = pieces.pieces[static_cast<size_t>(i)];
     const bool counted = piece.grad.defined() && (piece.counts || !pg);
+    if (!counted && !pg) continue;  // torch skips a parameter without a gradient
     const at::Tensor g = counted ? piece.grad.detach() : at::Tensor();
     norms.push_back(!counted ? at::zeros({}, piece.grad.defined() ? piece.grad.options() : piece.options)
                     : infinity ? g.abs().max()
                                : g.norm(norm_type));
     if (counted) counts_here[i] = 1;
   }
-  const at::Tensor stacked = at::stack(norms);
+  if (norms.empty()) return 0.0;  // torch: no gradient, nothing clipped
   at::Tensor present, each;
   if (pg) {
-    // The flags go where the norms are (a CUDA model's all-reduce is NCCL's, on its device).
+    // Every process's slot for every tensor, in one all-reduce with the flags, which go where the
+    // norms are (a CUDA model's all-reduce is NCCL's, on its device).
+    const at::Tensor stacked = at::stack(norms);
     at::Tensor both = at::cat({stacked, counts_here.to(stacked.options())});
     pg->all_reduce(both, comm::ReduceOp::Sum);
     present = both.narrow(0, n, n).gt(0);
     each = both.narrow(0, 0, n).index_select(0, present.nonzero().view({-1}));
   } else {
     present = counts_here.gt(0);
-    each = stacked.index_select(0, present.to(stacked.device()).nonzero().view({-1}));
+    each = at::stack(norms);
   }
   const int64_t with_grad = each.numel();
   if (with_grad == 0) return 0.0;  // torch: no gradient, nothing clipped
@@ -62,7 +65,9 @@ double clip_whole(const GradientPieces& pieces, comm::ProcessGroup* pg, double m
 double clip_cut(const GradientPieces& pieces, comm::ProcessGroup* pg, double max_norm, double norm_type) {
   at::NoGradGuard no_grad;
   const bool inf = std::isinf(norm_type);
-  c10::Device device(c10::kCPU);
+  // On the gradients' device (a process holding none of them: its parameters'), so that every
+  // process's all-reduce is on the same kind of device.
+  c10::Device device = pieces.pieces.empty() ? c10::Device(c10::kCPU) : pieces.pieces.front().options.device();
   for (const auto& piece : pieces.pieces) {
     if (piece.grad.defined()) {
       device = piece.grad.device();

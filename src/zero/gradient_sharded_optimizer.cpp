@@ -164,6 +164,7 @@ double GradientShardedOptimizer::clip_grad_norm(const std::vector<at::Tensor>& p
       continue;  // frozen: no gradient, as torch skips it
     }
     for (const auto& g : *mine) pieces.add(g, true, p);
+    if (mine->empty()) pieces.add({}, false, p);  // none here: the parameter's device, for the all-reduce
   }
   return zero::clip_grad_norm(pieces, pg_.get(), max_norm, norm_type);
 }

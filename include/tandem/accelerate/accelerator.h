@@ -405,14 +405,13 @@ class Accelerator {
   bool has_pipeline() const;
   std::vector<std::vector<at::Tensor>> optimizer_groups(size_t o) const;
   std::vector<at::Tensor> held_parameters(size_t o) const;
-  /// The pieces of a checkpoint's model (`members`: models_ indices) or of optimizer `o`'s state
-  /// that this process writes, and whether they make one file (Note [One save path]).
+  /// The pieces of a checkpoint's model (`members`: models_ indices), and whether they make one
+  /// file, or of optimizer `o`'s state, that this process writes (Note [One save path]).
   std::vector<accelerate::ChunkPiece> model_pieces(const std::vector<size_t>& members, bool& one_file) const;
-  std::vector<accelerate::ChunkPiece> optimizer_pieces(size_t o, const std::unordered_map<const void*, std::string>& names,
-                                                       bool& one_file);
-  /// Whether optimizer `o`, of a type without a named format, is saved as one LibTorch archive per
-  /// rank (its state is not whole on the main process), or as one.
-  bool archive_per_rank(size_t o) const;
+  std::vector<accelerate::ChunkPiece> optimizer_pieces(size_t o, const std::unordered_map<const void*, std::string>& names);
+  /// Whether optimizer `o`'s state is saved one file per rank (sharded by parameter or by rows, or
+  /// laid out by tensor or pipeline parallelism), or whole in one file by the main process.
+  bool state_per_rank(size_t o) const;
   // load_state's steps (Note [Loading all or nothing]): read and check, then apply.
   struct StagedCheckpoint;
   void stage_shape(const accelerate::CheckpointReader& reader, StagedCheckpoint& staged) const;
