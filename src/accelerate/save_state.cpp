@@ -94,18 +94,28 @@ std::vector<std::pair<std::string, at::Tensor>> rng_states(const std::shared_ptr
 // parameter's stage writes it; ZeRO-1's owner writes what it keeps; ZeRO-2 gathers its slices
 // into whole tensors (collective), the main process's copy counting. The files are the ones each
 // strategy wrote before, so a checkpoint loads whichever Tandem wrote it.
+std::vector<std::pair<Accelerator::ModelSlot, at::Tensor>> Accelerator::counted_tensors(
+    const std::vector<size_t>& members) const {
+  std::vector<std::pair<ModelSlot, at::Tensor>> out;
+  for (size_t member : members) {
+    auto slots = models_[member].layout();
+    const auto held = models_[member].held();  // the same names, in the same order
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].layout.counts()) out.emplace_back(std::move(slots[i]), held[i].second);
+    }
+  }
+  return out;
+}
+
 std::vector<accelerate::ChunkPiece> Accelerator::model_pieces(const std::vector<size_t>& members,
                                                                bool& one_file) const {
-  std::vector<accelerate::ChunkPiece> pieces;
   one_file = !has_pipeline();
   for (size_t member : members) {
-    const auto layout = models_[member].layout();
-    const auto held = models_[member].held();
-    for (size_t i = 0; i < layout.size(); ++i) {
-      const comm::Layout& l = layout[i].layout;
-      one_file = one_file && l.whole();
-      if (l.counts()) pieces.push_back({layout[i].name, held[i].second, l.chunk.offsets, l.shape});
-    }
+    for (const auto& slot : models_[member].layout()) one_file = one_file && slot.layout.whole();
+  }
+  std::vector<accelerate::ChunkPiece> pieces;
+  for (auto& [slot, tensor] : counted_tensors(members)) {
+    pieces.push_back({slot.name, tensor, slot.layout.chunk.offsets, slot.layout.shape});
   }
   return pieces;
 }

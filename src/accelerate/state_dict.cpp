@@ -87,15 +87,10 @@ Accelerator::NamedTensors Accelerator::state_dict_of(const torch::nn::Module* ow
   }
   auto build = [&] {
     std::vector<Box> boxes;
-    for (size_t m : members) {
-      const auto slots = models_[m].layout();
-      const auto held = models_[m].held();
-      for (size_t i = 0; i < slots.size(); ++i) {
-        const comm::Layout& l = slots[i].layout;
-        if (!l.counts()) continue;
-        at::Tensor data = held[i].second.detach().to(at::kCPU).contiguous();
-        boxes.push_back({slots[i].name, slots[i].dtype, l.shape, l.chunk.offsets, l.chunk.sizes, data.to(slots[i].dtype)});
-      }
+    for (auto& [slot, held] : counted_tensors(members)) {
+      const comm::Layout& l = slot.layout;
+      at::Tensor data = held.detach().to(at::kCPU).contiguous();
+      boxes.push_back({slot.name, slot.dtype, l.shape, l.chunk.offsets, l.chunk.sizes, data.to(slot.dtype)});
     }
     return pack(boxes);
   };

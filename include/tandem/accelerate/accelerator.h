@@ -408,6 +408,9 @@ class Accelerator {
   /// The pieces of a checkpoint's model (`members`: models_ indices), and whether they make one
   /// file, or of optimizer `o`'s state, that this process writes (Note [One save path]).
   std::vector<accelerate::ChunkPiece> model_pieces(const std::vector<size_t>& members, bool& one_file) const;
+  /// The tensors of models `members` whose copy here is the one that counts (Layout::counts), with
+  /// their slots: what a checkpoint writes and get_state_dict assembles.
+  std::vector<std::pair<ModelSlot, at::Tensor>> counted_tensors(const std::vector<size_t>& members) const;
   std::vector<accelerate::ChunkPiece> optimizer_pieces(size_t o, const std::unordered_map<const void*, std::string>& names);
   /// Whether optimizer `o`'s state is saved one file per rank (sharded by parameter or by rows, or
   /// laid out by tensor or pipeline parallelism), or whole in one file by the main process.
