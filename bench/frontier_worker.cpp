@@ -43,7 +43,8 @@ int run(int argc, char** argv) {
   int64_t batch = 4;
   int steps = 3;
   app.add_option("--strategy", strategy)
-      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "fsdp", "fsdp-checkpoint", "tp", "fsdp+tp"}))->required();
+      ->check(CLI::IsMember({"ddp", "ddp-checkpoint", "zero1", "zero2", "fsdp", "fsdp-checkpoint", "tp", "fsdp+tp"}))
+      ->required();
   app.add_option("--vocab", c.vocab)->check(CLI::PositiveNumber)->required();
   app.add_option("--context", c.context)->check(CLI::PositiveNumber)->required();
   app.add_option("--dim", c.dim)->check(CLI::PositiveNumber)->required();
@@ -74,7 +75,9 @@ int run(int argc, char** argv) {
   // The GPT's embedding and head are units already, and the Accelerator auto-wraps only a model
   // with none: ask for it, so that every block is a unit too (as tandem-bench-worker does).
   if (fsdp) options.fsdp(fsdp::FullyShardOptions().auto_wrap(fsdp::AutoWrapPolicy()));
-  if (strategy == "fsdp-checkpoint") options.activation_checkpointing(nn::CheckpointPolicy());  // every block
+  if (strategy == "fsdp-checkpoint" || strategy == "ddp-checkpoint") {
+    options.activation_checkpointing(nn::CheckpointPolicy());  // every block
+  }
   Accelerator acc(pg, options);
   bench::Gpt net(c);
   int64_t params = 0;

@@ -21,6 +21,8 @@
 #include "bench/subprocess.h"
 #include "launch/install_layout.h"
 #include "launch/worker_process.h"
+#include "plan/frontier_outlook.h"
+#include "plan/model.h"
 #include "tandem/error.h"
 #include "tandem/version.h"
 
@@ -62,11 +64,7 @@ std::string millions(double n) {
   return buf;
 }
 
-int64_t params_of(const FamilyMember& m) {  // bench/workloads.h's Gpt, layer for layer
-  const int64_t d = m.dim;
-  const int64_t block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d);
-  return m.vocab * d + m.context * d + m.layers * block + 2 * d + d * m.vocab + m.vocab;
-}
+int64_t params_of(const FamilyMember& m) { return plan::frontier_family_model(m.scale, m.index).params(); }
 
 }  // namespace
 
@@ -85,18 +83,18 @@ int family_size(const std::string& scale) { return scale == "tiny" ? 6 : 16; }
 
 FamilyMember family_member(const std::string& scale, int index) {
   TANDEM_CHECK(index >= 0 && index < family_size(scale), "family member ", index, " out of range");
+  const plan::Model model = plan::frontier_family_model(scale, index);  // the one definition of the family
   FamilyMember m;
   m.index = index;
-  if (scale == "tiny") {
-    m.vocab = 64, m.context = 8, m.dim = 1024, m.layers = index + 1, m.heads = 2, m.batch = 1;
-  } else {
-    m.vocab = 2048, m.context = 128, m.dim = 128 + 32 * index, m.layers = 2 + index, m.heads = 4, m.batch = 4;
-  }
+  m.scale = scale;
+  m.vocab = model.vocab, m.context = model.seq, m.dim = model.dim, m.layers = model.layers, m.heads = model.heads;
+  m.batch = scale == "tiny" ? 1 : 4;
   return m;
 }
 
 const std::vector<std::string>& frontier_strategies() {
-  static const std::vector<std::string> names{"ddp", "zero1", "zero2", "fsdp", "fsdp-checkpoint", "tp", "fsdp+tp"};
+  static const std::vector<std::string> names{"ddp", "ddp-checkpoint", "zero1", "zero2", "fsdp", "fsdp-checkpoint",
+                                              "tp", "fsdp+tp"};
   return names;
 }
 
@@ -107,7 +105,7 @@ const std::vector<std::string>& frontier_default_strategies() {
 
 std::string frontier_refusal(const std::string& strategy, const std::string& scale, int world) {
   // The comparison's table decides the TP groups (strategies.cpp: tp over every process, fsdp+tp
-  // over pairs); the frontier's own names (fsdp-checkpoint) have no TP.
+  // over pairs); the frontier's own names (ddp-checkpoint, fsdp-checkpoint) have no TP.
   const Strategy* entry = find_strategy(strategy);
   const int tp = entry ? tp_group_size(*entry, world) : 1;
   if (tp == 1) return "";
@@ -474,8 +472,10 @@ std::string render_frontier_markdown(const nlohmann::json& results) {
        << millions(m.value("params", 0.0)) << " |\n";
   }
   md << "\nTensor parallelism (tp, fsdp+tp) trains TP x the batch per TP group: the same tokens per process as "
-        "the others. Not measured: pipeline parallelism (not built in Tandem yet). RSS and the cgroup's charge "
-        "differ (docs/benchmarks.md, \"Memory frontier\"): a member can fit with a peak RSS above the budget.\n";
+        "the others. Not measured here: pipeline parallelism (the probes train the whole model on every stage of "
+        "none). RSS and the cgroup's charge differ (docs/benchmarks.md, \"Memory frontier\"): a member can fit with "
+        "a peak RSS above the budget.\n";
+  md << plan::frontier_outlook(results);
   if (results.contains("plot_note") && !results.at("plot_note").get<std::string>().empty()) {
     md << "\nPlot: " << results.at("plot_note").get<std::string>() << "\n";
   } else {

@@ -16,6 +16,7 @@ namespace tandem::bench {
 /// One model of the family: bench/workloads.h's GPT at this shape, `batch` sequences per process.
 struct FamilyMember {
   int index = 0;
+  std::string scale;
   int64_t vocab = 0, context = 0, dim = 0, layers = 0, heads = 0, batch = 0;
   std::string shape() const;  // "L4 d256"
 };

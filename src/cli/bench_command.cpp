@@ -73,7 +73,7 @@ int run_frontier(const bench::BenchConfig& config, const Flags& flags) {
     std::stringstream in(flags.strategies);
     for (std::string s; std::getline(in, s, ',');) {
       TANDEM_CHECK(std::find(allowed.begin(), allowed.end(), s) != allowed.end(), "--memory-budget measures ",
-                   bench::join(allowed, ", "), " (pipeline parallelism is not built yet), not '", s, "'");
+                   bench::join(allowed, ", "), " (its probes run no pipeline), not '", s, "'");
       fc.strategies.push_back(s);
     }
   }

@@ -38,6 +38,8 @@ Command add_bench_command(CLI::App& app, int argc, char** argv);
 Command add_report_command(CLI::App& app);
 /// `tandem doctor LOGDIR`: the flight records' analysis of a failed job.
 Command add_doctor_command(CLI::App& app);
+/// `tandem plan`: every configuration's predicted memory and step time (src/plan/).
+Command add_plan_command(CLI::App& app);
 
 /// Parses argv and runs the chosen subcommand; the exit code of `tandem` and `tandem-torch`
 /// (0 success, 1 a worker or the job failed, 2 bad input, 128+N stopped by signal N).

@@ -1,4 +1,4 @@
-// `tandem`: run | env | checkpoint | bench | report | doctor (Note [Two binaries] in commands.h).
+// `tandem`: run | env | checkpoint | bench | report | doctor | plan (Note [Two binaries] in commands.h).
 #include "cli/commands.h"
 #include "tandem/version.h"
 
@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
         tandem::cli::add_bench_command(a, argc, argv),
         tandem::cli::add_report_command(a),
         tandem::cli::add_doctor_command(a),
+        tandem::cli::add_plan_command(a),
     };
   });
 }

@@ -43,7 +43,7 @@ TEST(Frontier, TheReportComparesTensorParallelismWithWhatItExtends) {
                     "against 483 tokens/s (1.20x)."),
             std::string::npos)
       << md;
-  EXPECT_NE(md.find("Not measured: pipeline parallelism"), std::string::npos) << md;
+  EXPECT_NE(md.find("Not measured here: pipeline parallelism"), std::string::npos) << md;
   EXPECT_EQ(md.find("tensor and pipeline parallelism"), std::string::npos) << md;
 }
 

@@ -1,0 +1,55 @@
+#pragma once
+// One way to lay a training job out (Note [Configurations] in configuration.cpp): how the state
+// is sharded, the data-parallel, tensor-parallel and pipeline sizes, activation checkpointing and
+// microbatches; and what one pipeline stage's rank holds of the model under it.
+#include <cstdint>
+#include <string>
+
+#include "plan/hardware.h"
+#include "plan/model.h"
+
+namespace tandem::plan {
+
+/// What is planned: a model, the sequences per optimizer step across the job, the precision
+/// ("fp32", or "bf16": mixed, 16-bit compute with float32 master weights and Adam), the hardware.
+struct Job {
+  Model model;
+  int64_t global_batch = 0;
+  std::string precision = "bf16";
+  Profile profile;
+};
+
+struct Configuration {
+  std::string sharding = "ddp";  // ddp, zero1, zero2, fsdp (shard = dp), hsdp (1 < shard < dp)
+  int dp = 1, shard = 1, tp = 1, pp = 1;  // dp x tp x pp = devices; shard: the group model state is cut over
+  bool checkpointing = false;    // every block recomputed in backward
+  int microbatches = 1;          // per step: a pipeline's, or gradient accumulation without one
+  int64_t local_batch = 0;       // sequences per data-parallel rank per step
+
+  std::string name() const;      // "fsdp dp8 tp1 pp1 ckpt m1" — what the tables and --json call it
+  /// How many devices the model state is divided over for weights, gradients and optimizer state.
+  int weight_shards() const;
+  int gradient_shards() const;
+  int optimizer_shards() const;
+};
+
+/// What the rank of one pipeline stage holds (every tensor-parallel rank the same, the norms'
+/// few whole parameters counted as cut).
+struct StageShare {
+  int64_t blocks = 0;              // the stage's blocks (the first stages take the remainder)
+  bool embedding = false, head = false;
+  double params = 0;               // this rank's parameters
+  double matmul_params = 0;        // what its matmuls multiply per token
+  double largest_unit_params = 0;  // the largest FSDP unit (a block, the embedding or the head), this rank's
+};
+StageShare stage_share(const Model& model, const Configuration& config, int stage);
+
+/// Bytes per parameter of the compute copy, the gradient, and the optimizer state (Adam's two
+/// moments, and the float32 master copy under bf16): 4/4/8 under fp32, 2/2/12 under bf16 (the
+/// ZeRO paper's 16 bytes per parameter with K = 12).
+struct StateBytes {
+  double weight = 0, gradient = 0, optimizer = 0, activation = 0;
+};
+StateBytes state_bytes(const std::string& precision);
+
+}  // namespace tandem::plan
