@@ -18,7 +18,7 @@ namespace tandem::cli {
 namespace {
 
 struct PlanFlags {
-  std::string model, arch = "gpt", profile = "h100-8x", precision, out, validate, show_profile;
+  std::string model, arch = "gpt", profile = "h100-8x", precision, optimizer = "adam", out, validate, show_profile;
   int64_t layers = 0, dim = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0, batch = 0;
   int nodes = 0, devices_per_node = 0, top = 10;
   plan::Sizes sizes;
@@ -77,6 +77,7 @@ int run_plan(const PlanFlags& f) {
   job.profile = profile;
   job.precision = !f.precision.empty() ? f.precision : profile.bf16_flops > 0 ? "bf16" : "fp32";
   job.global_batch = f.batch ? f.batch : profile.devices();
+  job.optimizer = f.optimizer;
   const std::vector<plan::Estimate> estimates = plan::plan_all(job, f.sizes);
   if (f.json) {
     for (const auto& e : estimates) std::printf("%s\n", plan::estimate_json(e).dump().c_str());
@@ -116,6 +117,7 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--batch", flags->batch, "sequences per optimizer step across the job (default: one per device)");
   sub->add_option("--precision", flags->precision, "bf16 (mixed, float32 master weights) or fp32 (default: bf16 where "
                                                    "the profile has a bf16 rate)");
+  sub->add_option("--optimizer", flags->optimizer, "adam, or sgd (with momentum)")->capture_default_str();
   sub->add_option("--profile", flags->profile, "h100-8x, h200-8x, a100-8x, cpu, or a JSON file")->capture_default_str();
   sub->add_option("--nodes", flags->nodes, "nodes (default: the profile's)")->check(CLI::PositiveNumber);
   sub->add_option("--devices-per-node", flags->devices_per_node, "devices per node (default: the profile's)")

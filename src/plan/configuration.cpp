@@ -45,10 +45,16 @@ StageShare stage_share(const Model& m, const Configuration& c, int stage) {
   return s;
 }
 
-StateBytes state_bytes(const std::string& precision) {
-  if (precision == "fp32") return {4, 4, 8, 4};
-  TANDEM_CHECK(precision == "bf16", "--precision: fp32 or bf16 (got ", precision, ")");
-  return {2, 2, 12, 2};
+StateBytes state_bytes(const std::string& precision, const std::string& optimizer) {
+  TANDEM_CHECK(precision == "fp32" || precision == "bf16", "--precision: fp32 or bf16 (got ", precision, ")");
+  TANDEM_CHECK(optimizer == "adam" || optimizer == "sgd", "--optimizer: adam or sgd (got ", optimizer, ")");
+  const bool adam = optimizer == "adam", fp32 = precision == "fp32";
+  StateBytes b;
+  b.weight = b.gradient = b.activation = fp32 ? 4 : 2;
+  b.optimizer = (adam ? 8 : 4) + (fp32 ? 0 : 4);  // moments, and the float32 master weights
+  b.update = adam ? 28 : 20;  // Adam: read weight, gradient, two moments; write three. SGD: 3 + 2
+  b.ops_per_tensor = adam ? 12 : 5;
+  return b;
 }
 
 }  // namespace tandem::plan

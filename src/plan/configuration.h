@@ -11,11 +11,13 @@
 namespace tandem::plan {
 
 /// What is planned: a model, the sequences per optimizer step across the job, the precision
-/// ("fp32", or "bf16": mixed, 16-bit compute with float32 master weights and Adam), the hardware.
+/// ("fp32", or "bf16": mixed, 16-bit compute with float32 master weights), the optimizer ("adam",
+/// or "sgd" with momentum), the hardware.
 struct Job {
   Model model;
   int64_t global_batch = 0;
   std::string precision = "bf16";
+  std::string optimizer = "adam";
   Profile profile;
 };
 
@@ -45,11 +47,13 @@ struct StageShare {
 StageShare stage_share(const Model& model, const Configuration& config, int stage);
 
 /// Bytes per parameter of the compute copy, the gradient, and the optimizer state (Adam's two
-/// moments, and the float32 master copy under bf16): 4/4/8 under fp32, 2/2/12 under bf16 (the
-/// ZeRO paper's 16 bytes per parameter with K = 12).
+/// moments or SGD's momentum, and the float32 master copy under bf16): with Adam 4/4/8 under fp32,
+/// 2/2/12 under bf16 (the ZeRO paper's 16 bytes per parameter with K = 12); with SGD 4/4/4 and
+/// 2/2/8. `update` is what the optimizer's step reads and writes per parameter.
 struct StateBytes {
-  double weight = 0, gradient = 0, optimizer = 0, activation = 0;
+  double weight = 0, gradient = 0, optimizer = 0, activation = 0, update = 0;
+  double ops_per_tensor = 0;  // the operators its step runs per parameter tensor
 };
-StateBytes state_bytes(const std::string& precision);
+StateBytes state_bytes(const std::string& precision, const std::string& optimizer = "adam");
 
 }  // namespace tandem::plan

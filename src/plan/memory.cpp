@@ -10,7 +10,7 @@ namespace tandem::plan {
 // runtime's own. In a step the gradients grow while the activations are freed, so the sum is an
 // upper bound the measured peaks come within a few percent of (docs/benchmarks.md, "Planning").
 // - Model state: the ZeRO paper's accounting, exactly (state_bytes): 16 bytes per parameter under
-//   bf16 with Adam, 2 + 2 + 12 of them; ZeRO-1 cuts the 12 over the data-parallel group, ZeRO-2 the
+//   bf16 with Adam, 2 + 2 + 12 of them (SGD with momentum: 2 + 2 + 8); ZeRO-1 cuts the 12 over the data-parallel group, ZeRO-2 the
 //   gradients too, FSDP everything; under tensor parallelism a rank holds 1/tp of the layers, under
 //   a pipeline one stage's.
 // - Activations (Note [Planned models]): per microbatch, every block of the stage; a 1F1B
@@ -31,7 +31,7 @@ namespace {
 
 Memory stage_memory(const Job& job, const Configuration& c, int stage) {
   const Model& m = job.model;
-  const StateBytes bytes = state_bytes(job.precision);
+  const StateBytes bytes = state_bytes(job.precision, job.optimizer);
   const StageShare share = stage_share(m, c, stage);
   Memory mem;
   mem.weights = bytes.weight * share.params / c.weight_shards();
@@ -52,7 +52,10 @@ Memory stage_memory(const Job& job, const Configuration& c, int stage) {
   }
   if (share.head) mem.activations += tokens * 3.0 * static_cast<double>(m.vocab) / c.tp * 4.0;
 
-  if (c.sharding == "ddp" || c.sharding == "zero1") {
+  if (c.dp * c.tp * c.pp == 1) {
+    mem.buffers = 0;  // one process trains without DDP: no buckets (under TP or PP the Accelerator
+                      // still wraps DDP over a data-parallel group of one: measured, tp at 2 processes)
+  } else if (c.sharding == "ddp" || c.sharding == "zero1") {
     mem.buffers = bytes.gradient * share.params;
   } else if (c.sharding == "zero2") {
     mem.buffers = 2.0 * bytes.gradient * share.params;

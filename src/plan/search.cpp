@@ -38,8 +38,7 @@ void check_job(const Job& job) {
   check_model(job.model);
   TANDEM_CHECK(job.global_batch > 0, "--batch must be positive (got ", job.global_batch, ")");
   const double rate = job.precision == "fp32" ? job.profile.fp32_flops : job.profile.bf16_flops;
-  TANDEM_CHECK(job.precision == "fp32" || job.precision == "bf16", "--precision: fp32 or bf16 (got ", job.precision,
-               ")");
+  state_bytes(job.precision, job.optimizer);  // checks both
   TANDEM_CHECK(rate > 0, "profile ", job.profile.name, " has no ", job.precision, " rate (use --precision ",
                job.precision == "fp32" ? "bf16" : "fp32", ", or set flops.", job.precision, " in a profile file)");
 }

@@ -10,8 +10,8 @@ namespace tandem::plan {
 // - Compute: the matmuls' FLOPs (6 per multiplied weight and token, 8 with the recomputed
 //   forward; causal attention's 6 x seq x dim per token and block) at the profile's achieved
 //   rate, plus what streams through memory at its bandwidth: each saved activation written in
-//   forward and read twice in backward (once more when recomputed), and Adam's 28 bytes per
-//   parameter it updates (read weight, gradient and both moments; write three); and each
+//   forward and read twice in backward (once more when recomputed), and the optimizer's pass
+//   (Adam: 28 bytes per parameter it updates, SGD with momentum 20); and each
 //   operator's host overhead where the device does not hide it (the profile's op_overhead_us).
 // - Data-parallel communication (the alpha-beta ring of bench/projection.h, hierarchical across
 //   nodes): DDP all-reduces the gradients, ZeRO-1 too and then all-gathers the updated weights,
@@ -45,7 +45,7 @@ struct StageTime {
 StageTime stage_time(const Job& job, const Configuration& c, int stage) {
   const Model& m = job.model;
   const Profile& p = job.profile;
-  const StateBytes bytes = state_bytes(job.precision);
+  const StateBytes bytes = state_bytes(job.precision, job.optimizer);
   const StageShare share = stage_share(m, c, stage);
   const double tokens = static_cast<double>(c.local_batch) * static_cast<double>(m.seq);
   const double passes = c.checkpointing ? 8.0 : 6.0;  // forward 2, backward 4, recompute 2
@@ -55,15 +55,15 @@ StageTime stage_time(const Job& job, const Configuration& c, int stage) {
   const double whole = 4.0 * static_cast<double>(m.dim);
   const double values = whole + (m.block_saved_values_per_token() - whole) / c.tp;
   double streamed = tokens * blocks * values * bytes.activation * (c.checkpointing ? 4.0 : 3.0) +
-                    28.0 * share.params / c.optimizer_shards();
+                    bytes.update * share.params / c.optimizer_shards();
   if (share.head) streamed += tokens * 3.0 * static_cast<double>(m.vocab) / c.tp * 4.0;
   StageTime t;
   t.compute = flops / p.achieved_flops(job.precision == "fp32" ? "fp32" : "bf16") +
               streamed / (p.memory_bandwidth * p.share());
   // Operators: about 60 per block and microbatch (20 forward, 40 backward; 20 more recomputed),
-  // 20 for the embeddings, head and loss, and Adam's 12 per parameter tensor and step.
+  // 20 for the embeddings, head and loss, and the optimizer's per parameter tensor and step.
   const double tensors = blocks * (m.arch == Arch::Gpt ? 16.0 : 9.0) + 4.0;
-  const double ops = c.microbatches * (blocks * (c.checkpointing ? 80.0 : 60.0) + 20.0) + 12.0 * tensors;
+  const double ops = c.microbatches * (blocks * (c.checkpointing ? 80.0 : 60.0) + 20.0) + bytes.ops_per_tensor * tensors;
   t.compute += ops * p.op_overhead_s;
   t.backward = t.compute * (c.checkpointing ? 6.0 / 8.0 : 4.0 / 6.0);
   const double activation = tokens / c.microbatches * static_cast<double>(m.dim) * bytes.activation;
@@ -76,7 +76,7 @@ StageTime stage_time(const Job& job, const Configuration& c, int stage) {
 
 StepTime step_time(const Job& job, const Configuration& c) {
   const Profile& p = job.profile;
-  const StateBytes bytes = state_bytes(job.precision);
+  const StateBytes bytes = state_bytes(job.precision, job.optimizer);
   StageTime slowest;
   double params = 0;  // the slowest stage's parameters per rank: what its data-parallel group moves
   for (int stage = 0; stage < c.pp; ++stage) {
