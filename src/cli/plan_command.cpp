@@ -18,7 +18,8 @@ namespace tandem::cli {
 namespace {
 
 struct PlanFlags {
-  std::string model, arch = "gpt", profile = "h100-8x", precision, optimizer = "adam", out, validate, show_profile;
+  std::string model, arch = "gpt", profile = "h100-8x", precision, optimizer = "adam", out, validate, show_profile,
+      fit_profile;
   int64_t layers = 0, dim = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0, batch = 0;
   int nodes = 0, devices_per_node = 0, top = 10;
   plan::Sizes sizes;
@@ -47,6 +48,18 @@ plan::Model model_of(const PlanFlags& f) {
   return m;
 }
 
+nlohmann::json frontier_results(const std::string& flag, const std::string& dir) {
+  std::ifstream in(dir + "/results.json");
+  TANDEM_CHECK(in.good(), flag, " ", dir, ": no results.json there (a tandem bench --memory-budget --out DIR)");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception&) {
+    throw Error(flag + " " + dir + ": results.json is not JSON");
+  }
+}
+
 int run_plan(const PlanFlags& f) {
   if (!f.show_profile.empty()) {
     std::printf("%s\n", plan::profile_json(plan::load_profile(f.show_profile)).dump(2).c_str());
@@ -59,17 +72,15 @@ int run_plan(const PlanFlags& f) {
   TANDEM_CHECK(profile.memory_bytes > profile.runtime_bytes, "--memory ", f.memory_gib,
                " GiB is less than the runtime's own memory on ", profile.name);
   if (!f.validate.empty()) {
-    std::ifstream in(f.validate + "/results.json");
-    TANDEM_CHECK(in.good(), "--validate ", f.validate, ": no results.json there (a tandem bench --memory-budget --out DIR)");
-    std::stringstream text;
-    text << in.rdbuf();
-    nlohmann::json results;
-    try {
-      results = nlohmann::json::parse(text.str());
-    } catch (const nlohmann::json::exception&) {
-      throw Error("--validate " + f.validate + ": results.json is not JSON");
-    }
-    std::printf("%s", plan::validation_table(plan::validate_frontier(results, profile)).c_str());
+    std::printf("%s", plan::validation_table(plan::validate_frontier(frontier_results("--validate", f.validate), profile))
+                          .c_str());
+    return 0;
+  }
+  if (!f.fit_profile.empty()) {
+    std::printf("%s\n", plan::profile_json(plan::fit_cpu_profile(frontier_results("--fit-profile", f.fit_profile),
+                                                                 plan::load_profile("cpu")))
+                            .dump(2)
+                            .c_str());
     return 0;
   }
   plan::Job job;
@@ -133,6 +144,9 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--validate", flags->validate,
                   "compare the plan with a tandem bench --memory-budget run's measured peaks and tokens/s (its --out "
                   "DIR), with --profile cpu");
+  sub->add_option("--fit-profile", flags->fit_profile,
+                  "print a CPU profile fitted to a tandem bench --memory-budget run's DDP probes (its --out DIR), "
+                  "to plan this machine with --profile FILE");
   return [flags] { return run_plan(*flags); };
 }
 

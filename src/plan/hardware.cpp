@@ -20,12 +20,12 @@ namespace tandem::plan {
 // Memory bandwidth (H100 SXM 3.35 TB/s, H200 4.8, A100 2.0) prices what is not a matmul: the
 // elementwise work over the activations and the optimizer's pass over its state. A GPU's kernel
 // launches queue ahead of its work and cost nothing here (op_overhead_us 0); a CPU process pays
-// each operator's dispatch (12 us, fitted with the rate below).
+// each operator's dispatch (4 us, fitted with the rate below).
 // The "cpu" profile is this kind of machine (2 cores, 24 GiB, Gloo over loopback), measured: the
-// matmul rate, the bandwidth and the operator overhead are the fit (the smallest worst error) to
-// DDP's six probes in docs/benchmarks/memory-frontier-cpu-2026-12-08-world2, every other probe
-// held out (docs/benchmarks.md, "Planning"); the link is the all-reduce sweeps' fit, the
-// runtime's own memory the cgroup's charge for a LibTorch process with Gloo and the smallest model. Processes beyond the cores share them: each reaches
+// matmul rate, the bandwidth, the operator overhead and the runtime's own memory are what
+// `tandem plan --fit-profile docs/benchmarks/memory-frontier-cpu-2026-12-08-world2` prints (a
+// least-squares fit to that run's six DDP probes; every other probe is held out: docs/benchmarks.md,
+// "Planning"), the link the all-reduce sweeps' fit (docs/benchmarks/backends-cpu-*). Processes beyond the cores share them: each reaches
 // compute_units / devices of a core.
 
 namespace {
@@ -57,15 +57,15 @@ std::vector<Profile> builtins() {
   cpu.devices_per_node = 2;
   cpu.compute_units = 2;
   cpu.memory_bytes = static_cast<int64_t>(11 * kGiB);
-  cpu.runtime_bytes = static_cast<int64_t>(200.0 * 1024 * 1024);
-  cpu.fp32_flops = 130e9;
-  cpu.memory_bandwidth = 3e9;
+  cpu.runtime_bytes = static_cast<int64_t>(0.1932 * kGiB);
+  cpu.fp32_flops = 221.9e9;
+  cpu.memory_bandwidth = 1.907e9;
   cpu.bf16_flops = 0;
   cpu.efficiency = 1.0;
   cpu.intra = bench::parse_link("250:1.2");
   cpu.inter = bench::parse_link("eth10");
   cpu.overlap = 0.5;
-  cpu.op_overhead_s = 12e-6;
+  cpu.op_overhead_s = 4e-6;
   return {gpu("h100-8x", "8 x H100 SXM 80 GB per node, NVLink 4, 400 Gb/s InfiniBand per GPU", 79.1, 989e12, 67e12,
               3.35e12, "nvlink"),
           gpu("h200-8x", "8 x H200 SXM 141 GB per node, NVLink 4, 400 Gb/s InfiniBand per GPU", 139.8, 989e12, 67e12,

@@ -1,5 +1,6 @@
 #include "plan/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -72,6 +73,64 @@ std::vector<ValidationPoint> validate_frontier(const nlohmann::json& results, co
     }
   }
   return out;
+}
+
+namespace {
+int frontier_index(const std::string& model) { return std::stoi(model.substr(model.rfind('-') + 1)); }
+}  // namespace
+
+Profile fit_cpu_profile(const nlohmann::json& results, Profile base) {
+  TANDEM_CHECK(base.device == "cpu", "--fit-profile fits a CPU profile (got ", base.name, ", a ", base.device, " one)");
+  base.devices_per_node = results.is_object() ? results.value("world", 0) : 0;
+  const auto ddp_timed = [](const std::vector<ValidationPoint>& points) {
+    std::vector<ValidationPoint> out;
+    for (const auto& p : points) {
+      if (p.strategy == "ddp" && p.measured_tokens_per_s > 0) out.push_back(p);
+    }
+    return out;
+  };
+  TANDEM_CHECK(ddp_timed(validate_frontier(results, base)).size() >= 3,
+               "--fit-profile needs a tandem bench --memory-budget run with ddp among its strategies and at least "
+               "three of its probes timed");
+  // The runtime's own: the median charge, beyond the plan's state and activations, of the
+  // smallest member's probes (where the runtime is most of the peak).
+  const auto first = validate_frontier(results, base);
+  std::string smallest = first.front().model;
+  for (const auto& p : first) {
+    if (frontier_index(p.model) < frontier_index(smallest)) smallest = p.model;
+  }
+  std::vector<double> beyond;
+  for (const auto& p : first) {
+    if (p.model == smallest) beyond.push_back(p.measured_bytes - (p.predicted_bytes - static_cast<double>(base.runtime_bytes)));
+  }
+  std::sort(beyond.begin(), beyond.end());
+  base.runtime_bytes = static_cast<int64_t>(std::max(0.0, beyond[beyond.size() / 2]));
+  // A grid over the three rates, each a factor of about 1.2 apart: the least squares of the
+  // relative step-time errors wins.
+  Profile best = base;
+  double best_error = 1e30, best_worst = 0;
+  for (double flops = 10e9; flops <= 2e12; flops *= 1.2) {
+    for (double bandwidth = 0.5e9; bandwidth <= 100e9; bandwidth *= 1.25) {
+      for (double overhead : {0.0, 2e-6, 4e-6, 8e-6, 12e-6, 16e-6, 24e-6, 32e-6}) {
+        Profile p = base;
+        p.fp32_flops = flops, p.efficiency = 1.0, p.memory_bandwidth = bandwidth, p.op_overhead_s = overhead;
+        double squares = 0, worst = 0;
+        for (const auto& point : ddp_timed(validate_frontier(results, p))) {
+          squares += point.time_error() * point.time_error();
+          worst = std::max(worst, std::fabs(point.time_error()));
+        }
+        if (squares < best_error) best_error = squares, best = p, best_worst = worst;
+      }
+    }
+  }
+  best.name = "fitted";
+  char description[200];
+  std::snprintf(description, sizeof(description),
+                "fitted by tandem plan --fit-profile to a memory-frontier run's DDP probes at %d processes "
+                "(worst step-time error %.0f %%)",
+                best.devices_per_node, 100 * best_worst);
+  best.description = description;
+  return best;
 }
 
 std::string validation_table(const std::vector<ValidationPoint>& points) {

@@ -26,4 +26,10 @@ std::vector<ValidationPoint> validate_frontier(const nlohmann::json& results, co
 /// The comparison as a table, and how many are within 10 % (memory) and 20 % (time).
 std::string validation_table(const std::vector<ValidationPoint>& points);
 
+/// A CPU profile measured on this machine: `base` with the matmul rate, the memory bandwidth and
+/// the operator overhead that give the smallest worst step-time error over the DDP probes of
+/// `results` (a memory-frontier run with `ddp` among its strategies, one process per core), and
+/// the runtime's own memory from its smallest probe. Throws tandem::Error naming what is missing.
+Profile fit_cpu_profile(const nlohmann::json& results, Profile base);
+
 }  // namespace tandem::plan

@@ -189,3 +189,26 @@ TEST(PlanOutlook, PlansBeyondTheFrontierWithValidatedLayoutsOnly) {
 
 }  // namespace
 }  // namespace tandem::plan
+
+namespace tandem::plan {
+namespace {
+
+// The built-in cpu profile is what --fit-profile gives for the kept 2-process run: the profile
+// cannot drift from the fit the docs describe.
+TEST(PlanProfile, TheCpuProfileIsTheFitOfTheKeptRun) {
+  const Profile builtin = load_profile("cpu");
+  const Profile fitted =
+      fit_cpu_profile(read_json(std::string(PLAN_BENCHMARKS) + "/memory-frontier-cpu-2026-12-08-world2/results.json"),
+                      builtin);
+  EXPECT_NEAR(fitted.fp32_flops / builtin.fp32_flops, 1.0, 0.01);
+  EXPECT_NEAR(fitted.memory_bandwidth / builtin.memory_bandwidth, 1.0, 0.01);
+  EXPECT_NEAR(fitted.op_overhead_s, builtin.op_overhead_s, 1e-9);
+  EXPECT_NEAR(static_cast<double>(fitted.runtime_bytes) / static_cast<double>(builtin.runtime_bytes), 1.0, 0.01);
+  // A run without DDP probes cannot be fitted: one line.
+  auto results = read_json(std::string(PLAN_BENCHMARKS) + "/memory-frontier-cpu-2026-12-08-world2/results.json");
+  results["rows"] = nlohmann::json::array();
+  EXPECT_THROW(fit_cpu_profile(results, builtin), Error);
+}
+
+}  // namespace
+}  // namespace tandem::plan
