@@ -22,9 +22,10 @@ struct PlanFlags {
       fit_profile;
   int64_t layers = 0, dim = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0, batch = 0;
   int nodes = 0, devices_per_node = 0, top = 10;
-  plan::Sizes sizes;
+  plan::SearchSpace sizes;
+  std::vector<std::string> checkpointing{"none", "full"};
   double memory_gib = 0;
-  bool json = false;
+  bool json = false, no_sequence_parallel = false;
 };
 
 plan::Model model_of(const PlanFlags& f) {
@@ -89,7 +90,11 @@ int run_plan(const PlanFlags& f) {
   job.precision = !f.precision.empty() ? f.precision : profile.bf16_flops > 0 ? "bf16" : "fp32";
   job.global_batch = f.batch ? f.batch : profile.devices();
   job.optimizer = f.optimizer;
-  const std::vector<plan::Estimate> estimates = plan::plan_all(job, f.sizes);
+  plan::SearchSpace space = f.sizes;
+  space.sequence_parallel = !f.no_sequence_parallel;
+  space.checkpointing.clear();
+  for (const auto& c : f.checkpointing) space.checkpointing.push_back(plan::parse_checkpointing(c));
+  const std::vector<plan::Estimate> estimates = plan::plan_all(job, space);
   if (f.json) {
     for (const auto& e : estimates) std::printf("%s\n", plan::estimate_json(e).dump().c_str());
     return 0;
@@ -137,6 +142,13 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--dp", flags->sizes.dp, "only this data-parallel size")->check(CLI::PositiveNumber);
   sub->add_option("--tp", flags->sizes.tp, "only this tensor-parallel size")->check(CLI::PositiveNumber);
   sub->add_option("--pp", flags->sizes.pp, "only this pipeline size")->check(CLI::PositiveNumber);
+  sub->add_option("--checkpointing", flags->checkpointing,
+                  "what backward may recompute, tried in turn: none, full (every block), selective (torchtitan's "
+                  "per-op policy, for comparison: Tandem checkpoints whole blocks)")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_flag("--no-sequence-parallel", flags->no_sequence_parallel,
+                "tensor parallelism without tp::SequenceParallel: the norms' activations whole on every TP rank");
   sub->add_option("--top", flags->top, "configurations shown in the table")->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_flag("--json", flags->json, "one JSON object per configuration, one per line, and nothing else");
   sub->add_option("--out", flags->out, "also write DIR/plan.md, plan.jsonl and plan.png");

@@ -18,10 +18,21 @@ namespace tandem::plan {
 
 std::string Configuration::name() const {
   char buf[96];
-  std::snprintf(buf, sizeof(buf), "%s dp%d%s tp%d pp%d %s m%d", sharding.c_str(), dp,
-                sharding == "hsdp" ? ("/" + std::to_string(shard)).c_str() : "", tp, pp,
-                checkpointing ? "ckpt" : "-", microbatches);
+  std::snprintf(buf, sizeof(buf), "%s dp%d%s tp%d%s pp%d %s m%d", sharding.c_str(), dp,
+                sharding == "hsdp" ? ("/" + std::to_string(shard)).c_str() : "", tp,
+                sequence_parallel && tp > 1 ? "sp" : "", pp, to_string(checkpointing), microbatches);
   return buf;
+}
+
+const char* to_string(Checkpointing c) {
+  return c == Checkpointing::None ? "-" : c == Checkpointing::Selective ? "sac" : "ckpt";
+}
+
+Checkpointing parse_checkpointing(const std::string& text) {
+  if (text == "none") return Checkpointing::None;
+  if (text == "selective") return Checkpointing::Selective;
+  TANDEM_CHECK(text == "full", "--checkpointing: none, selective or full (got ", text, ")");
+  return Checkpointing::Full;
 }
 
 int Configuration::weight_shards() const { return sharding == "fsdp" || sharding == "hsdp" ? shard : 1; }

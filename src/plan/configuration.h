@@ -21,14 +21,21 @@ struct Job {
   Profile profile;
 };
 
+/// What backward recomputes: nothing, torchtitan's per-op selective policy (planned for
+/// comparison: Tandem checkpoints whole blocks), or every block.
+enum class Checkpointing { None, Selective, Full };
+const char* to_string(Checkpointing c);  // "-", "sac", "ckpt": as configuration names show it
+Checkpointing parse_checkpointing(const std::string& text);  // none, selective, full
+
 struct Configuration {
   std::string sharding = "ddp";  // ddp, zero1, zero2, fsdp (shard = dp), hsdp (1 < shard < dp)
   int dp = 1, shard = 1, tp = 1, pp = 1;  // dp x tp x pp = devices; shard: the group model state is cut over
-  bool checkpointing = false;    // every block recomputed in backward
+  Checkpointing checkpointing = Checkpointing::None;
+  bool sequence_parallel = false;  // under TP: the norms and the residual stream cut by sequence too
   int microbatches = 1;          // per step: a pipeline's, or gradient accumulation without one
   int64_t local_batch = 0;       // sequences per data-parallel rank per step
 
-  std::string name() const;      // "fsdp dp8 tp1 pp1 ckpt m1" — what the tables and --json call it
+  std::string name() const;      // "fsdp dp8 tp1 pp1 ckpt m1", "... tp8sp ..." — what the tables and --json call it
   /// How many devices the model state is divided over for weights, gradients and optimizer state.
   int weight_shards() const;
   int gradient_shards() const;

@@ -108,7 +108,8 @@ std::string frontier_outlook(const nlohmann::json& results) {
     std::vector<Estimate> plans;
     for (auto& e : plan_all(job)) {
       const Configuration& c = e.config;
-      if (c.pp == 1 && c.microbatches == 1 && validated.count(kind_of(c.sharding, c.checkpointing, c.tp > 1))) {
+      if (c.pp == 1 && c.microbatches == 1 && validated.count(kind_of(c.sharding, c.checkpointing == Checkpointing::Full, c.tp > 1)) &&
+          c.checkpointing != Checkpointing::Selective) {
         plans.push_back(std::move(e));
       }
     }

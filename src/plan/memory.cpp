@@ -15,7 +15,8 @@ namespace tandem::plan {
 //   a pipeline one stage's.
 // - Activations (Note [Planned models]): per microbatch, every block of the stage; a 1F1B
 //   pipeline's first stage holds pp microbatches in flight. Checkpointing keeps each block's input
-//   and one block's whole activations while it is recomputed. The last stage adds the loss's rows.
+//   and one block's whole activations while it is recomputed; torchtitan's selective policy keeps
+//   what Note [Planned models] says (four of its d values whole under TP, the rest cut). The last stage adds the loss's rows.
 // - Buffers, as Tandem's strategies hold them: DDP and ZeRO-1 copy the gradients into flat
 //   buckets (gradient_as_bucket_view is off by default, as in PyTorch); ZeRO-2 holds autograd's
 //   whole gradients and the flat buckets they are reduce-scattered from (measured: its peak is not
@@ -39,14 +40,18 @@ Memory stage_memory(const Job& job, const Configuration& c, int stage) {
   mem.optimizer = bytes.optimizer * share.params / c.optimizer_shards();
 
   const double tokens = static_cast<double>(c.local_batch) / c.microbatches * static_cast<double>(m.seq);
-  const double whole = 4.0 * static_cast<double>(m.dim);  // the norms' inputs and outputs
+  // The norms' inputs and outputs are whole on every TP rank, unless sequence parallelism cuts them.
+  const double whole = c.sequence_parallel ? 0.0 : 4.0 * static_cast<double>(m.dim);
   const double block_values = whole + (m.block_saved_values_per_token() - whole) / c.tp;
   const double block = tokens * block_values * bytes.activation;
   const double in_flight = c.pp > 1 ? static_cast<double>(c.pp - stage) : 1.0;
   const double blocks = static_cast<double>(share.blocks);
-  if (c.checkpointing) {
-    mem.activations = in_flight * blocks * tokens * static_cast<double>(m.dim) * bytes.activation +
-                      (share.blocks > 0 ? block : 0.0);
+  if (c.checkpointing != Checkpointing::None) {
+    const double input = static_cast<double>(m.dim) / (c.sequence_parallel ? c.tp : 1);
+    const double kept = c.checkpointing == Checkpointing::Full
+                            ? input
+                            : whole + (m.selective_saved_values_per_token() - whole) / c.tp;
+    mem.activations = in_flight * blocks * tokens * kept * bytes.activation + (share.blocks > 0 ? block : 0.0);
   } else {
     mem.activations = in_flight * blocks * block;
   }

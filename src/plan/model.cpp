@@ -19,10 +19,15 @@ namespace tandem::plan {
 // - Llama (torchtitan's model): the norms' inputs and outputs (4d), RoPE's float32 copies of q and
 //   k (2(d + kv) in 16-bit units), the attention's q, k, v and output (d + 2kv + d), wo's input (d),
 //   and SwiGLU's w1 and w3 outputs, the SiLU and the product (4 ffn): 9d + 4kv + 4 ffn.
-// Four d of each (the norms' inputs and outputs) are whole on every tensor-parallel rank; the rest
-// is cut with the heads and the FFN columns. The loss keeps, per token, three float32 rows of the
+// Four d of each (the norms' inputs and outputs) are whole on every tensor-parallel rank, unless
+// sequence parallelism (tp::SequenceParallel on the norms, torchtitan's plan) cuts them and the
+// residual stream by sequence; the rest is cut with the heads and the FFN columns. The loss keeps, per token, three float32 rows of the
 // vocabulary at its peak (log-softmax's output, and its gradient and the logits' in backward).
-// Selective (per-op) checkpointing and float8 are not modelled.
+// torchtitan's per-op selective checkpointing (activation_checkpoint.py, mode "selective", "op")
+// keeps the attention's output and every other matmul's output, counted per block in call order,
+// and the block's input: the first, third, fifth and seventh matmul (Gpt: q, v, fc1; Llama: wq,
+// wv, w1, w2). Backward recomputes the others (Gpt: k, proj, fc2; Llama: wk, wo, w3). Float8 is
+// not modelled.
 
 int64_t Model::embedding_params() const {
   return vocab * dim + (arch == Arch::Gpt ? seq * dim : 0);
@@ -50,6 +55,18 @@ double Model::block_saved_values_per_token() const {
   const double d = static_cast<double>(dim), f = static_cast<double>(ffn);
   if (arch == Arch::Gpt) return 9 * d + 2 * f + static_cast<double>(heads);
   return 9 * d + 4 * static_cast<double>(kv_dim()) + 4 * f;
+}
+
+double Model::selective_saved_values_per_token() const {
+  const double d = static_cast<double>(dim), f = static_cast<double>(ffn), h = static_cast<double>(heads);
+  if (arch == Arch::Gpt) return d + (d + d + f) + d + h;  // input; q, v, fc1; attention's output and lse
+  return d + (d + static_cast<double>(kv_dim()) + f + d) + d + h;  // input; wq, wv, w1, w2; attention
+}
+
+double Model::selective_recomputed_share() const {
+  const double d = static_cast<double>(dim), f = static_cast<double>(ffn), kv = static_cast<double>(kv_dim());
+  if (arch == Arch::Gpt) return (d * d + d * d + f * d) / (4 * d * d + 2 * d * f);
+  return (d * kv + d * d + d * f) / (2 * d * d + 2 * d * kv + 3 * d * f);
 }
 
 std::string Model::describe() const {

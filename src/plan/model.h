@@ -32,6 +32,10 @@ struct Model {
   /// Values autograd keeps per token for one block's backward (Note [Planned models]), and per
   /// token for the loss (logits over the vocabulary).
   double block_saved_values_per_token() const;
+  /// Under torchtitan's per-op selective checkpointing (Note [Planned models]): the values a block
+  /// keeps per token, and the share of its matmul FLOPs recomputed in backward.
+  double selective_saved_values_per_token() const;
+  double selective_recomputed_share() const;
   std::string describe() const;  // "L32 d4096 h32/8 ffn14336 V128256 s8192 (llama, 8.03 B params)"
 };
 

@@ -97,8 +97,10 @@ std::string plan_table(const Job& job, const std::vector<Estimate>& estimates, i
 nlohmann::json estimate_json(const Estimate& e) {
   const Configuration& c = e.config;
   nlohmann::json j{{"configuration", c.name()}, {"sharding", c.sharding}, {"dp", c.dp},
-                   {"shard", c.shard},          {"tp", c.tp},             {"pp", c.pp},
-                   {"checkpointing", c.checkpointing}, {"microbatches", c.microbatches},
+                   {"shard", c.shard},          {"tp", c.tp}, {"sequence_parallel", c.sequence_parallel},             {"pp", c.pp},
+                   {"checkpointing", c.checkpointing == Checkpointing::None        ? "none"
+                                     : c.checkpointing == Checkpointing::Selective ? "selective"
+                                                                                   : "full"}, {"microbatches", c.microbatches},
                    {"local_batch", c.local_batch}, {"fits", e.fits()}, {"refusal", e.refusal}};
   if (e.buildable) {
     const Memory& m = e.memory;

@@ -93,7 +93,7 @@ Estimate estimate(const Job& job, const Configuration& config) {
   return e;
 }
 
-std::vector<Estimate> plan_all(const Job& job, const Sizes& sizes) {
+std::vector<Estimate> plan_all(const Job& job, const SearchSpace& sizes) {
   check_job(job);
   const int devices = job.profile.devices();
   TANDEM_CHECK(sizes.dp >= 0 && sizes.tp >= 0 && sizes.pp >= 0, "--dp, --tp and --pp must be positive");
@@ -116,18 +116,19 @@ std::vector<Estimate> plan_all(const Job& job, const Sizes& sizes) {
       }
       const int64_t local = job.global_batch % dp ? 0 : job.global_batch / dp;
       for (const auto& [sharding, shard] : shardings) {
-        for (bool checkpointing : {false, true}) {
+        for (Checkpointing checkpointing : sizes.checkpointing) {
           for (int m = 1; m <= std::max<int64_t>(1, local); m *= 2) {
             Configuration c;
             c.sharding = sharding;
             c.dp = dp, c.shard = shard, c.tp = tp, c.pp = pp;
             c.checkpointing = checkpointing;
+            c.sequence_parallel = tp > 1 && sizes.sequence_parallel;
             c.microbatches = m;
             c.local_batch = local;
             Estimate e = estimate(job, c);
             // Refusals that hold for every microbatch count are reported once, at m = 1.
-            if (!e.buildable && m > 1 && refusal_of(job, Configuration{c.sharding, c.dp, c.shard, c.tp, c.pp,
-                                                                       c.checkpointing, 1, c.local_batch}) == e.refusal) {
+            if (!e.buildable && m > 1 && refusal_of(job, Configuration{c.sharding, c.dp, c.shard, c.tp, c.pp, c.checkpointing,
+                                                                       c.sequence_parallel, 1, c.local_batch}) == e.refusal) {
               continue;
             }
             out.push_back(std::move(e));

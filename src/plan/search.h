@@ -27,12 +27,15 @@ Estimate estimate(const Job& job, const Configuration& config);
 /// Every configuration of DDP, ZeRO-1/2, FSDP and HSDP over the data-parallel ranks, tensor- and
 /// pipeline-parallel sizes, checkpointing off and on, and microbatches (powers of two), over the
 /// profile's devices: those that fit first, fastest first, then the rest by how much they miss.
-/// Sizes given (non-zero) restrict the search to them: a product that is not the devices, or
-/// sizes every configuration of which cannot be built, is a tandem::Error naming why.
-struct Sizes {
+/// What the search tries. Sizes given (non-zero) restrict it to them: a product that is not the
+/// devices, or sizes every configuration of which cannot be built, is a tandem::Error naming why.
+/// Checkpointing: none and full (what Tandem builds) unless told otherwise.
+struct SearchSpace {
   int dp = 0, tp = 0, pp = 0;
+  std::vector<Checkpointing> checkpointing{Checkpointing::None, Checkpointing::Full};
+  bool sequence_parallel = true;  // TP with tp::SequenceParallel on the norms (torchtitan's plan)
 };
-std::vector<Estimate> plan_all(const Job& job, const Sizes& sizes = {});
+std::vector<Estimate> plan_all(const Job& job, const SearchSpace& space = {});
 
 /// Checks a job before planning: one line naming what is wrong (a batch that does not divide
 /// over any layout, a precision the profile has no rate for).

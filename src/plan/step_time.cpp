@@ -7,8 +7,9 @@
 namespace tandem::plan {
 
 // Note [Step time]
-// - Compute: the matmuls' FLOPs (6 per multiplied weight and token, 8 with the recomputed
-//   forward; causal attention's 6 x seq x dim per token and block) at the profile's achieved
+// - Compute: the matmuls' FLOPs (6 per multiplied weight and token, 2 more for what backward
+//   recomputes: every block's under full checkpointing, Note [Planned models]'s share under the
+//   selective policy; causal attention's 6 x seq x dim per token and block) at the profile's achieved
 //   rate, plus what streams through memory at its bandwidth: each saved activation written in
 //   forward and read twice in backward (once more when recomputed), and the optimizer's pass
 //   (Adam: 28 bytes per parameter it updates, SGD with momentum 20); and each
@@ -48,13 +49,18 @@ StageTime stage_time(const Job& job, const Configuration& c, int stage) {
   const StateBytes bytes = state_bytes(job.precision, job.optimizer);
   const StageShare share = stage_share(m, c, stage);
   const double tokens = static_cast<double>(c.local_batch) * static_cast<double>(m.seq);
-  const double passes = c.checkpointing ? 8.0 : 6.0;  // forward 2, backward 4, recompute 2
+  // FLOPs per weight and token: forward 2, backward 4, and what backward recomputes.
+  const double recomputed = c.checkpointing == Checkpointing::Full        ? 1.0
+                            : c.checkpointing == Checkpointing::Selective ? m.selective_recomputed_share()
+                                                                          : 0.0;
   const double blocks = static_cast<double>(share.blocks);
-  const double flops = tokens * passes * (share.matmul_params +
-                                          blocks * static_cast<double>(m.seq) * static_cast<double>(m.dim) / c.tp);
-  const double whole = 4.0 * static_cast<double>(m.dim);
+  const double block_matmuls = share.matmul_params - (share.head ? static_cast<double>(m.dim * m.vocab) / c.tp : 0.0);
+  const double attention = blocks * static_cast<double>(m.seq) * static_cast<double>(m.dim) / c.tp;
+  const double flops = tokens * (6.0 * share.matmul_params + 2.0 * recomputed * block_matmuls +
+                                 (c.checkpointing == Checkpointing::Full ? 8.0 : 6.0) * attention);
+  const double whole = c.sequence_parallel ? 0.0 : 4.0 * static_cast<double>(m.dim);
   const double values = whole + (m.block_saved_values_per_token() - whole) / c.tp;
-  double streamed = tokens * blocks * values * bytes.activation * (c.checkpointing ? 4.0 : 3.0) +
+  double streamed = tokens * blocks * values * bytes.activation * (3.0 + recomputed) +
                     bytes.update * share.params / c.optimizer_shards();
   if (share.head) streamed += tokens * 3.0 * static_cast<double>(m.vocab) / c.tp * 4.0;
   StageTime t;
@@ -63,11 +69,12 @@ StageTime stage_time(const Job& job, const Configuration& c, int stage) {
   // Operators: about 60 per block and microbatch (20 forward, 40 backward; 20 more recomputed),
   // 20 for the embeddings, head and loss, and the optimizer's per parameter tensor and step.
   const double tensors = blocks * (m.arch == Arch::Gpt ? 16.0 : 9.0) + 4.0;
-  const double ops = c.microbatches * (blocks * (c.checkpointing ? 80.0 : 60.0) + 20.0) + bytes.ops_per_tensor * tensors;
+  const double ops = c.microbatches * (blocks * (60.0 + 20.0 * recomputed) + 20.0) + bytes.ops_per_tensor * tensors;
   t.compute += ops * p.op_overhead_s;
-  t.backward = t.compute * (c.checkpointing ? 6.0 / 8.0 : 4.0 / 6.0);
+  t.backward = t.compute * (4.0 + 2.0 * recomputed) / (6.0 + 2.0 * recomputed);
   const double activation = tokens / c.microbatches * static_cast<double>(m.dim) * bytes.activation;
-  const double per_block = (c.checkpointing ? 6.0 : 4.0) * allreduce(p, activation, c.tp, 1);
+  // Selective checkpointing saves the collectives' outputs: only full recomputation repeats them.
+  const double per_block = (c.checkpointing == Checkpointing::Full ? 6.0 : 4.0) * allreduce(p, activation, c.tp, 1);
   t.tp_comm = c.microbatches * (blocks * per_block + (share.embedding ? allreduce(p, activation, c.tp, 1) : 0.0));
   return t;
 }

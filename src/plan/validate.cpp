@@ -21,7 +21,9 @@ Configuration frontier_configuration(const std::string& strategy, int world, int
   c.tp = tp;
   c.dp = world / tp;
   c.local_batch = batch * tp;  // a TP group trains batch x its size sequences
-  c.checkpointing = strategy == "fsdp-checkpoint" || strategy == "ddp-checkpoint";
+  c.checkpointing = strategy == "fsdp-checkpoint" || strategy == "ddp-checkpoint" ? Checkpointing::Full
+                                                                                  : Checkpointing::None;
+  c.sequence_parallel = false;  // bench::gpt_tp_plan() cuts the linears and the embedding only
   if (strategy == "zero1" || strategy == "zero2") {
     c.sharding = strategy;
     c.shard = c.dp;

@@ -80,7 +80,7 @@ TEST(PlanMemory, CheckpointingAndMicrobatchesShrinkActivationsNotState) {
   Configuration c;
   c.sharding = "fsdp", c.dp = 8, c.shard = 8, c.local_batch = 1;
   const Memory plain = peak_memory(job, c);
-  c.checkpointing = true;
+  c.checkpointing = Checkpointing::Full;
   const Memory recomputed = peak_memory(job, c);
   EXPECT_DOUBLE_EQ(plain.model_states(), recomputed.model_states());
   // Kept: each block's input (dim values per token) and one block's whole activations.
@@ -130,15 +130,15 @@ TEST(PlanSearch, RefusesWhatTheAcceleratorRefuses) {
   Job odd = job;
   odd.global_batch = 6;
   try {
-    plan_all(odd, Sizes{8, 0, 0});
+    plan_all(odd, SearchSpace{8, 0, 0});
     ADD_FAILURE() << "a batch of 6 over dp 8 was planned";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "no configuration can be built: the batch of 6 sequences does not divide over dp 8");
   }
-  EXPECT_THROW(plan_all(job, Sizes{3, 2, 1}), Error);
+  EXPECT_THROW(plan_all(job, SearchSpace{3, 2, 1}), Error);
   Job narrow = job;
   narrow.model.heads = 6, narrow.model.kv_heads = 6, narrow.model.dim = 4098;
-  EXPECT_THROW(plan_all(narrow, Sizes{0, 4, 0}), Error);  // no tp 4 cut of 6 heads
+  EXPECT_THROW(plan_all(narrow, SearchSpace{0, 4, 0}), Error);  // no tp 4 cut of 6 heads
 }
 
 TEST(PlanSearch, FitsComeFirstFastestFirst) {
