@@ -18,7 +18,7 @@ namespace tandem::cli {
 namespace {
 
 struct PlanFlags {
-  std::string model, arch = "gpt", profile = "h100-8x", precision, optimizer = "adam", out, validate, show_profile,
+  std::string model, arch = "gpt", profile, precision, optimizer = "adam", out, validate, show_profile,
       fit_profile;
   int64_t layers = 0, dim = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0, batch = 0;
   int nodes = 0, devices_per_node = 0, top = 10;
@@ -66,9 +66,12 @@ int run_plan(const PlanFlags& f) {
     std::printf("%s\n", plan::profile_json(plan::load_profile(f.show_profile)).dump(2).c_str());
     return 0;
   }
-  plan::Profile profile = plan::load_profile(f.profile);
+  const bool measured = !f.validate.empty() || !f.fit_profile.empty();  // the frontier's CPU probes
+  plan::Profile profile = plan::load_profile(!f.profile.empty() ? f.profile : measured ? "cpu" : "h100-8x");
   if (f.nodes) profile.nodes = f.nodes;
   if (f.devices_per_node) profile.devices_per_node = f.devices_per_node;
+  plan::check_devices(profile, "--nodes and --devices-per-node");
+  TANDEM_CHECK(f.memory_gib <= 1e6, "--memory ", f.memory_gib, " GiB per device is not a device's memory");
   if (f.memory_gib > 0) profile.memory_bytes = static_cast<int64_t>(f.memory_gib * 1024 * 1024 * 1024);
   TANDEM_CHECK(profile.memory_bytes > profile.runtime_bytes, "--memory ", f.memory_gib,
                " GiB is less than the runtime's own memory on ", profile.name);
@@ -123,18 +126,19 @@ Command add_plan_command(CLI::App& app) {
               "hardware, without running it");
   sub->add_option("--model", flags->model, "llama3-8b, llama3-70b, llama3-405b, gpt-cpu-0 .. gpt-cpu-15, gpt-tiny-0 .. gpt-tiny-5");
   sub->add_option("--arch", flags->arch, "the block design of a model given by dimensions: gpt or llama")->capture_default_str();
-  sub->add_option("--layers", flags->layers, "transformer blocks");
-  sub->add_option("--dim", flags->dim, "model width");
-  sub->add_option("--heads", flags->heads, "attention heads");
-  sub->add_option("--kv-heads", flags->kv_heads, "key/value heads (default: --heads)");
-  sub->add_option("--ffn", flags->ffn, "FFN hidden size (default: 4 x --dim)");
-  sub->add_option("--vocab", flags->vocab, "vocabulary");
-  sub->add_option("--seq", flags->seq, "sequence length (with --model: overrides its own)");
-  sub->add_option("--batch", flags->batch, "sequences per optimizer step across the job (default: one per device)");
+  sub->add_option("--layers", flags->layers, "transformer blocks")->check(CLI::PositiveNumber);
+  sub->add_option("--dim", flags->dim, "model width")->check(CLI::PositiveNumber);
+  sub->add_option("--heads", flags->heads, "attention heads")->check(CLI::PositiveNumber);
+  sub->add_option("--kv-heads", flags->kv_heads, "key/value heads (default: --heads)")->check(CLI::PositiveNumber);
+  sub->add_option("--ffn", flags->ffn, "FFN hidden size (default: 4 x --dim)")->check(CLI::PositiveNumber);
+  sub->add_option("--vocab", flags->vocab, "vocabulary")->check(CLI::PositiveNumber);
+  sub->add_option("--seq", flags->seq, "sequence length (with --model: overrides its own)")->check(CLI::PositiveNumber);
+  sub->add_option("--batch", flags->batch, "sequences per optimizer step across the job (default: one per device)")->check(CLI::PositiveNumber);
   sub->add_option("--precision", flags->precision, "bf16 (mixed, float32 master weights) or fp32 (default: bf16 where "
                                                    "the profile has a bf16 rate)");
   sub->add_option("--optimizer", flags->optimizer, "adam, or sgd (with momentum)")->capture_default_str();
-  sub->add_option("--profile", flags->profile, "h100-8x, h200-8x, a100-8x, cpu, or a JSON file")->capture_default_str();
+  sub->add_option("--profile", flags->profile,
+                  "h100-8x, h200-8x, a100-8x, cpu, or a JSON file (default: h100-8x; cpu with --validate)");
   sub->add_option("--nodes", flags->nodes, "nodes (default: the profile's)")->check(CLI::PositiveNumber);
   sub->add_option("--devices-per-node", flags->devices_per_node, "devices per node (default: the profile's)")
       ->check(CLI::PositiveNumber);
@@ -155,7 +159,7 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--show-profile", flags->show_profile, "print a profile as JSON (a file to edit) and exit");
   sub->add_option("--validate", flags->validate,
                   "compare the plan with a tandem bench --memory-budget run's measured peaks and tokens/s (its --out "
-                  "DIR), with --profile cpu");
+                  "DIR)");
   sub->add_option("--fit-profile", flags->fit_profile,
                   "print a CPU profile fitted to a tandem bench --memory-budget run's DDP probes (its --out DIR), "
                   "to plan this machine with --profile FILE");

@@ -45,7 +45,21 @@ std::string mib(double bytes) {
 
 }  // namespace
 
+namespace {
+std::string outlook(const nlohmann::json& results);
+}  // namespace
+
 std::string frontier_outlook(const nlohmann::json& results) {
+  try {
+    return outlook(results);
+  } catch (const std::exception&) {
+    return "";  // a results.json the plan cannot read: the report goes without its outlook
+  }
+}
+
+namespace {
+
+std::string outlook(const nlohmann::json& results) {
   if (!results.is_object() || results.value("scale", std::string()) != "cpu") return "";
   Profile cpu = load_profile("cpu");
   const int world = results.value("world", 0);
@@ -106,7 +120,9 @@ std::string frontier_outlook(const nlohmann::json& results) {
     job.profile = cpu;
     job.global_batch = results.at("family").at(index).value("batch", 4) * world;
     std::vector<Estimate> plans;
-    for (auto& e : plan_all(job)) {
+    SearchSpace space;
+    space.sequence_parallel = false;  // as bench::gpt_tp_plan() cuts the model: the layouts validated
+    for (auto& e : plan_all(job, space)) {
       const Configuration& c = e.config;
       if (c.pp == 1 && c.microbatches == 1 && validated.count(kind_of(c.sharding, c.checkpointing == Checkpointing::Full, c.tp > 1)) &&
           c.checkpointing != Checkpointing::Selective) {
@@ -127,5 +143,7 @@ std::string frontier_outlook(const nlohmann::json& results) {
   }
   return md.str();
 }
+
+}  // namespace
 
 }  // namespace tandem::plan

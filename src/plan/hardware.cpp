@@ -1,6 +1,7 @@
 #include "plan/hardware.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -77,14 +78,27 @@ std::vector<Profile> builtins() {
 
 bench::Link link_from_json(const nlohmann::json& j, const std::string& where) {
   if (j.is_string()) return bench::parse_link(j.get<std::string>());
-  TANDEM_CHECK(j.is_object() && j.contains("alpha_us") && j.contains("busbw_gbps"), where,
-               ": a link is a name (nvlink, ib100, ib400, eth10, eth100), \"ALPHA_US:BUSBW_GBPS\" or "
+  TANDEM_CHECK(j.is_object() && j.contains("alpha_us") && j.contains("busbw_gbps") && j.at("alpha_us").is_number() &&
+                   j.at("busbw_gbps").is_number(),
+               where, ": a link is a name (nvlink, ib100, ib400, eth10, eth100), \"ALPHA_US:BUSBW_GBPS\" or "
                "{\"alpha_us\": .., \"busbw_gbps\": ..}");
-  return bench::parse_link(std::to_string(j.at("alpha_us").get<double>()) + ":" +
-                           std::to_string(j.at("busbw_gbps").get<double>()));
+  bench::Link link;
+  link.name = "file";
+  link.alpha_s = j.at("alpha_us").get<double>() * 1e-6;
+  link.busbw_Bps = j.at("busbw_gbps").get<double>() * 1e9;
+  TANDEM_CHECK(link.alpha_s >= 0 && link.busbw_Bps > 0 && std::isfinite(link.alpha_s) && std::isfinite(link.busbw_Bps),
+               where, ": alpha_us must not be negative and busbw_gbps must be positive");
+  return link;
 }
 
 }  // namespace
+
+void check_devices(const Profile& p, const std::string& where) {
+  TANDEM_CHECK(p.devices_per_node > 0 && p.nodes > 0 && p.devices_per_node <= 4096 && p.nodes <= 65536 &&
+                   static_cast<int64_t>(p.devices_per_node) * p.nodes <= (int64_t{1} << 20),
+               where, ": ", p.nodes, " node(s) x ", p.devices_per_node,
+               " device(s): each must be positive, and at most 2^20 devices in all");
+}
 
 double Profile::achieved_flops(const std::string& precision) const {
   const double peak = precision == "fp32" ? fp32_flops : bf16_flops;
@@ -134,6 +148,9 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& where) {
     TANDEM_CHECK(std::find(known.begin(), known.end(), item.key()) != known.end(), where, ": unknown field '",
                  item.key(), "'");
   }
+  for (const char* count : {"devices_per_node", "nodes", "compute_units"}) {
+    TANDEM_CHECK(!j.contains(count) || j.at(count).is_number_integer(), where, ": ", count, " must be a whole number");
+  }
   Profile p;
   try {
     p.name = j.value("name", where);
@@ -156,8 +173,8 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& where) {
     throw Error(where + ": " + e.what());
   }
   TANDEM_CHECK(p.device == "cuda" || p.device == "cpu", where, ": device is cuda or cpu (got ", p.device, ")");
-  TANDEM_CHECK(p.devices_per_node > 0 && p.nodes > 0 && p.compute_units >= 0, where,
-               ": devices_per_node and nodes must be positive");
+  check_devices(p, where);
+  TANDEM_CHECK(p.compute_units >= 0, where, ": compute_units must not be negative");
   TANDEM_CHECK(p.memory_bytes > 0 && p.runtime_bytes >= 0 && p.runtime_bytes < p.memory_bytes, where,
                ": memory_gib must be positive and above runtime_gib");
   TANDEM_CHECK(p.fp32_flops > 0 || p.bf16_flops > 0, where, ": flops.fp32 or flops.bf16 must be positive");

@@ -43,5 +43,7 @@ Profile load_profile(const std::string& name_or_path);
 /// The profile as the JSON a file holds (what `tandem plan --show-profile NAME` prints to edit).
 nlohmann::json profile_json(const Profile& profile);
 Profile profile_from_json(const nlohmann::json& j, const std::string& where);
+/// Devices per node and nodes positive, at most 2^20 devices in all: else one line from `where`.
+void check_devices(const Profile& profile, const std::string& where);
 
 }  // namespace tandem::plan

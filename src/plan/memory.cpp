@@ -48,9 +48,10 @@ Memory stage_memory(const Job& job, const Configuration& c, int stage) {
   const double blocks = static_cast<double>(share.blocks);
   if (c.checkpointing != Checkpointing::None) {
     const double input = static_cast<double>(m.dim) / (c.sequence_parallel ? c.tp : 1);
+    const double selective_whole = c.sequence_parallel ? 0.0 : m.selective_whole_values_per_token();
     const double kept = c.checkpointing == Checkpointing::Full
                             ? input
-                            : whole + (m.selective_saved_values_per_token() - whole) / c.tp;
+                            : selective_whole + (m.selective_saved_values_per_token() - selective_whole) / c.tp;
     mem.activations = in_flight * blocks * tokens * kept * bytes.activation + (share.blocks > 0 ? block : 0.0);
   } else {
     mem.activations = in_flight * blocks * block;

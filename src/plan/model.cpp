@@ -18,7 +18,8 @@ namespace tandem::plan {
 //   log-sum-exp per head.
 // - Llama (torchtitan's model): the norms' inputs and outputs (4d), RoPE's float32 copies of q and
 //   k (2(d + kv) in 16-bit units), the attention's q, k, v and output (d + 2kv + d), wo's input (d),
-//   and SwiGLU's w1 and w3 outputs, the SiLU and the product (4 ffn): 9d + 4kv + 4 ffn.
+//   and SwiGLU's w1 and w3 outputs, the SiLU and the product (4 ffn): 9d + 4kv + 4 ffn, plus one
+//   log-sum-exp per head.
 // Four d of each (the norms' inputs and outputs) are whole on every tensor-parallel rank, unless
 // sequence parallelism (tp::SequenceParallel on the norms, torchtitan's plan) cuts them and the
 // residual stream by sequence; the rest is cut with the heads and the FFN columns. The loss keeps, per token, three float32 rows of the
@@ -54,13 +55,19 @@ int64_t Model::matmul_params() const {
 double Model::block_saved_values_per_token() const {
   const double d = static_cast<double>(dim), f = static_cast<double>(ffn);
   if (arch == Arch::Gpt) return 9 * d + 2 * f + static_cast<double>(heads);
-  return 9 * d + 4 * static_cast<double>(kv_dim()) + 4 * f;
+  return 9 * d + 4 * static_cast<double>(kv_dim()) + 4 * f + static_cast<double>(heads);
 }
 
 double Model::selective_saved_values_per_token() const {
   const double d = static_cast<double>(dim), f = static_cast<double>(ffn), h = static_cast<double>(heads);
   if (arch == Arch::Gpt) return d + (d + d + f) + d + h;  // input; q, v, fc1; attention's output and lse
   return d + (d + static_cast<double>(kv_dim()) + f + d) + d + h;  // input; wq, wv, w1, w2; attention
+}
+
+// The block's input, and Llama's w2 output (a row-parallel matmul's, all-reduced): the rest of
+// what the selective policy keeps is cut with the heads and the FFN columns.
+double Model::selective_whole_values_per_token() const {
+  return (arch == Arch::Gpt ? 1.0 : 2.0) * static_cast<double>(dim);
 }
 
 double Model::selective_recomputed_share() const {
@@ -84,6 +91,14 @@ void check_model(const Model& m) {
                                              {"seq", m.seq}};
   for (const auto& [name, value] : sizes) {
     TANDEM_CHECK(value > 0, "model ", m.name, ": --", name, " must be positive (got ", value, ")");
+  }
+  // Bounds well past any model trained so far, so that the counts below stay exact in int64.
+  const std::map<std::string, std::pair<int64_t, int64_t>> bounds{{"layers", {m.layers, 100000}}, {"dim", {m.dim, 1 << 20}},
+                                                                  {"ffn", {m.ffn, 1 << 22}},     {"vocab", {m.vocab, 1 << 24}},
+                                                                  {"seq", {m.seq, 1 << 24}}};
+  for (const auto& [name, value_and_bound] : bounds) {
+    TANDEM_CHECK(value_and_bound.first <= value_and_bound.second, "model ", m.name, ": --", name, " ",
+                 value_and_bound.first, " is above ", value_and_bound.second);
   }
   TANDEM_CHECK(m.dim % m.heads == 0, "model ", m.name, ": --dim ", m.dim, " is not a multiple of --heads ", m.heads);
   TANDEM_CHECK(m.heads % m.kv_heads == 0, "model ", m.name, ": --heads ", m.heads, " is not a multiple of --kv-heads ",

@@ -35,6 +35,7 @@ struct Model {
   /// Under torchtitan's per-op selective checkpointing (Note [Planned models]): the values a block
   /// keeps per token, and the share of its matmul FLOPs recomputed in backward.
   double selective_saved_values_per_token() const;
+  double selective_whole_values_per_token() const;  // of those, whole on every TP rank without SP
   double selective_recomputed_share() const;
   std::string describe() const;  // "L32 d4096 h32/8 ffn14336 V128256 s8192 (llama, 8.03 B params)"
 };

@@ -28,6 +28,9 @@ std::string reason_group(const std::string& refusal) {
   if (refusal.find("over pipeline stages is not built") != std::string::npos) {
     return "ZeRO-1/2 over pipeline stages is not built (the Accelerator refuses it)";
   }
+  if (refusal.find("over tensor-parallel pieces is not built") != std::string::npos) {
+    return "ZeRO-1/2 over tensor-parallel pieces is not built (the Accelerator refuses it)";
+  }
   std::string general;  // the sizes in the text vary between configurations: the reason does not
   for (size_t i = 0; i < refusal.size(); ++i) {
     if (std::isdigit(static_cast<unsigned char>(refusal[i]))) {
@@ -88,7 +91,7 @@ std::string plan_table(const Job& job, const std::vector<Estimate>& estimates, i
     s << "- the closest: " << closest->config.name() << " " << closest->refusal << "\n";
   }
   if (job.profile.device == "cpu") {
-    s << "- on a CPU, Tandem's FSDP and HSDP have measured 10-30 % above these peaks at tens of millions of "
+    s << "- on a CPU, Tandem's FSDP and HSDP have measured 10-38 % above these peaks at tens of millions of "
          "parameters (the host allocator's heap, docs/benchmarks.md \"Planning\"): leave them that margin\n";
   }
   return s.str();

@@ -9,10 +9,10 @@ namespace tandem::plan {
 
 // Note [Search]
 // The devices are dp x tp x pp (Note [Configurations]). Tensor parallelism stays inside a node
-// and must divide the heads, the key/value heads, the FFN and the vocabulary (Tandem's plan cuts
-// the embedding and the head too); a pipeline has at most one block per stage. What Tandem's
-// Accelerator refuses is refused here with its reason: ZeRO over pipeline stages, fewer
-// microbatches than stages. The global batch is fixed: each data-parallel rank trains
+// and must divide the heads, the key/value heads, the FFN, the vocabulary (Tandem's plan cuts the
+// embedding and the head too) and a node's devices; a pipeline has at least one block per stage.
+// What Tandem's Accelerator refuses is refused here with its reason: ZeRO over pipeline stages or
+// tensor-parallel pieces, fewer microbatches than stages. The global batch is fixed: each data-parallel rank trains
 // batch / dp sequences per step in `microbatches` pieces (gradient accumulation without a
 // pipeline). A configuration fits when its peak (Note [Peak memory]) is at most a device's memory.
 
@@ -36,7 +36,8 @@ std::string gib(double bytes) {
 
 void check_job(const Job& job) {
   check_model(job.model);
-  TANDEM_CHECK(job.global_batch > 0, "--batch must be positive (got ", job.global_batch, ")");
+  TANDEM_CHECK(job.global_batch > 0 && job.global_batch <= (int64_t{1} << 40), "--batch must be between 1 and 2^40 (got ",
+               job.global_batch, ")");
   const double rate = job.precision == "fp32" ? job.profile.fp32_flops : job.profile.bf16_flops;
   state_bytes(job.precision, job.optimizer);  // checks both
   TANDEM_CHECK(rate > 0, "profile ", job.profile.name, " has no ", job.precision, " rate (use --precision ",
@@ -51,12 +52,19 @@ std::string refusal_of(const Job& job, const Configuration& c) {
            " is not the " + std::to_string(p.devices()) + " devices";
   }
   if (c.tp > p.devices_per_node) return "tensor parallelism across nodes is not planned (tp > devices per node)";
+  if (p.devices_per_node % c.tp) {
+    return "tp " + std::to_string(c.tp) + " does not divide the " + std::to_string(p.devices_per_node) +
+           " devices of a node (a group would straddle two)";
+  }
   if (m.heads % c.tp || m.kv_heads % c.tp || m.ffn % c.tp || m.vocab % c.tp) {
     return "tp " + std::to_string(c.tp) + " does not divide the heads, key/value heads, FFN and vocabulary";
   }
   if (c.pp > m.layers) return "pp " + std::to_string(c.pp) + " is more stages than the " + std::to_string(m.layers) + " blocks";
   if (c.pp > 1 && (c.sharding == "zero1" || c.sharding == "zero2")) {
     return c.sharding + " over pipeline stages is not built (the Accelerator refuses it)";
+  }
+  if (c.tp > 1 && (c.sharding == "zero1" || c.sharding == "zero2")) {
+    return c.sharding + " over tensor-parallel pieces is not built (the Accelerator refuses it)";
   }
   if (c.sharding == "hsdp" && (c.shard <= 1 || c.shard >= c.dp || c.dp % c.shard)) {
     return "hsdp needs a shard group that divides dp and is between 1 and dp";
@@ -117,13 +125,13 @@ std::vector<Estimate> plan_all(const Job& job, const SearchSpace& sizes) {
       const int64_t local = job.global_batch % dp ? 0 : job.global_batch / dp;
       for (const auto& [sharding, shard] : shardings) {
         for (Checkpointing checkpointing : sizes.checkpointing) {
-          for (int m = 1; m <= std::max<int64_t>(1, local); m *= 2) {
+          for (int64_t m = 1; m <= std::max<int64_t>(1, local) && m <= (int64_t{1} << 20); m *= 2) {
             Configuration c;
             c.sharding = sharding;
             c.dp = dp, c.shard = shard, c.tp = tp, c.pp = pp;
             c.checkpointing = checkpointing;
             c.sequence_parallel = tp > 1 && sizes.sequence_parallel;
-            c.microbatches = m;
+            c.microbatches = static_cast<int>(m);
             c.local_batch = local;
             Estimate e = estimate(job, c);
             // Refusals that hold for every microbatch count are reported once, at m = 1.

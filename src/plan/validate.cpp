@@ -13,11 +13,14 @@ namespace tandem::plan {
 
 namespace {
 
+std::vector<ValidationPoint> validate_points(const nlohmann::json& results, const Profile& cpu);
+
 // The frontier worker's layout of each strategy (bench/frontier_worker.cpp): every process a
 // data-parallel rank, except tp (one group of all) and fsdp+tp (pairs).
 Configuration frontier_configuration(const std::string& strategy, int world, int64_t batch) {
   Configuration c;
   const int tp = strategy == "tp" ? world : strategy == "fsdp+tp" ? 2 : 1;
+  TANDEM_CHECK(world % tp == 0, strategy, " at ", world, " processes: the frontier runs it on a multiple of ", tp);
   c.tp = tp;
   c.dp = world / tp;
   c.local_batch = batch * tp;  // a TP group trains batch x its size sequences
@@ -41,9 +44,22 @@ Configuration frontier_configuration(const std::string& strategy, int world, int
 }  // namespace
 
 std::vector<ValidationPoint> validate_frontier(const nlohmann::json& results, const Profile& cpu) {
+  try {
+    return validate_points(results, cpu);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("not the results.json of a tandem bench --memory-budget run: ") + e.what());
+  }
+}
+
+namespace {
+
+std::vector<ValidationPoint> validate_points(const nlohmann::json& results, const Profile& cpu) {
   TANDEM_CHECK(results.is_object() && results.value("kind", std::string()) == "memory-frontier" && results.contains("rows"),
                "not the results.json of a tandem bench --memory-budget run");
+  TANDEM_CHECK(cpu.device == "cpu", "the frontier's probes are CPU processes: plan them with --profile cpu (or a CPU "
+                                    "profile file), not ", cpu.name);
   const int world = results.at("world").get<int>();
+  TANDEM_CHECK(world >= 1 && world <= 4096, "results.json: world ", world, " is not a number of processes");
   const std::string scale = results.value("scale", std::string("cpu"));
   std::vector<ValidationPoint> out;
   for (const auto& row : results.at("rows")) {
@@ -77,7 +93,6 @@ std::vector<ValidationPoint> validate_frontier(const nlohmann::json& results, co
   return out;
 }
 
-namespace {
 int frontier_index(const std::string& model) { return std::stoi(model.substr(model.rfind('-') + 1)); }
 }  // namespace
 

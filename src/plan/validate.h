@@ -27,9 +27,10 @@ std::vector<ValidationPoint> validate_frontier(const nlohmann::json& results, co
 std::string validation_table(const std::vector<ValidationPoint>& points);
 
 /// A CPU profile measured on this machine: `base` with the matmul rate, the memory bandwidth and
-/// the operator overhead that give the smallest worst step-time error over the DDP probes of
-/// `results` (a memory-frontier run with `ddp` among its strategies, one process per core), and
-/// the runtime's own memory from its smallest probe. Throws tandem::Error naming what is missing.
+/// the operator overhead that give the least squares of the relative step-time errors over the
+/// DDP probes of `results` (a memory-frontier run with `ddp` among its strategies, one process per
+/// core), and the runtime's own memory: the median, over the smallest member's probes, of what the
+/// cgroup charged beyond the plan's state and activations. Throws tandem::Error naming what is missing.
 Profile fit_cpu_profile(const nlohmann::json& results, Profile base);
 
 }  // namespace tandem::plan
