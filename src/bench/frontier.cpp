@@ -472,8 +472,8 @@ std::string render_frontier_markdown(const nlohmann::json& results) {
        << millions(m.value("params", 0.0)) << " |\n";
   }
   md << "\nTensor parallelism (tp, fsdp+tp) trains TP x the batch per TP group: the same tokens per process as "
-        "the others. Not measured here: pipeline parallelism (the probes train the whole model on every stage of "
-        "none). RSS and the cgroup's charge differ (docs/benchmarks.md, \"Memory frontier\"): a member can fit with "
+        "the others. Not measured here: pipeline parallelism (the probes run no "
+        "pipeline). RSS and the cgroup's charge differ (docs/benchmarks.md, \"Memory frontier\"): a member can fit with "
         "a peak RSS above the budget.\n";
   md << plan::frontier_outlook(results);
   if (results.contains("plot_note") && !results.at("plot_note").get<std::string>().empty()) {

@@ -56,6 +56,10 @@ StageShare stage_share(const Model& m, const Configuration& c, int stage) {
   return s;
 }
 
+double whole_values_per_token(const Model& m, const Configuration& c) {
+  return c.sequence_parallel ? 0.0 : 4.0 * static_cast<double>(m.dim);
+}
+
 StateBytes state_bytes(const std::string& precision, const std::string& optimizer) {
   TANDEM_CHECK(precision == "fp32" || precision == "bf16", "--precision: fp32 or bf16 (got ", precision, ")");
   TANDEM_CHECK(optimizer == "adam" || optimizer == "sgd", "--optimizer: adam or sgd (got ", optimizer, ")");

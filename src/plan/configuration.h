@@ -52,6 +52,9 @@ struct StageShare {
   double largest_unit_params = 0;  // the largest FSDP unit (a block, the embedding or the head), this rank's
 };
 StageShare stage_share(const Model& model, const Configuration& config, int stage);
+/// Values per token and block whole on every tensor-parallel rank (the norms' inputs and outputs):
+/// 4 x dim, or none under sequence parallelism (Note [Planned models]).
+double whole_values_per_token(const Model& model, const Configuration& config);
 
 /// Bytes per parameter of the compute copy, the gradient, and the optimizer state (Adam's two
 /// moments or SGD's momentum, and the float32 master copy under bf16): with Adam 4/4/8 under fp32,

@@ -30,11 +30,9 @@ std::string kind_of(const std::string& sharding, bool checkpointing, bool tp) {
   return (sharding == "hsdp" ? std::string("fsdp") : sharding) + (checkpointing ? "+ckpt" : "") + (tp ? "+tp" : "");
 }
 
-std::string kind_of_frontier(const std::string& strategy) {
-  const bool tp = strategy == "tp" || strategy == "fsdp+tp";
-  const bool ckpt = strategy.find("-checkpoint") != std::string::npos;
-  const std::string sharding = strategy == "tp" ? "ddp" : strategy.substr(0, strategy.find_first_of("-+"));
-  return kind_of(sharding, ckpt, tp);
+std::string kind_of_frontier(const std::string& strategy, int world) {
+  const Configuration c = frontier_configuration(strategy, world, 1);
+  return kind_of(c.sharding, c.checkpointing == Checkpointing::Full, c.tp > 1);
 }
 
 std::string mib(double bytes) {
@@ -93,7 +91,7 @@ std::string outlook(const nlohmann::json& results) {
   std::string left_out;
   for (const auto& [strategy, error] : worst_of) {
     if (error <= 0.10) {
-      validated.insert(kind_of_frontier(strategy));
+      validated.insert(kind_of_frontier(strategy, world));
     } else {
       left_out += (left_out.empty() ? "" : ", ") + strategy + " (up to " + std::to_string(std::lround(100 * error)) + " %)";
     }

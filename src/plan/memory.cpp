@@ -40,8 +40,7 @@ Memory stage_memory(const Job& job, const Configuration& c, int stage) {
   mem.optimizer = bytes.optimizer * share.params / c.optimizer_shards();
 
   const double tokens = static_cast<double>(c.local_batch) / c.microbatches * static_cast<double>(m.seq);
-  // The norms' inputs and outputs are whole on every TP rank, unless sequence parallelism cuts them.
-  const double whole = c.sequence_parallel ? 0.0 : 4.0 * static_cast<double>(m.dim);
+  const double whole = whole_values_per_token(m, c);
   const double block_values = whole + (m.block_saved_values_per_token() - whole) / c.tp;
   const double block = tokens * block_values * bytes.activation;
   const double in_flight = c.pp > 1 ? static_cast<double>(c.pp - stage) : 1.0;

@@ -58,7 +58,7 @@ StageTime stage_time(const Job& job, const Configuration& c, int stage) {
   const double attention = blocks * static_cast<double>(m.seq) * static_cast<double>(m.dim) / c.tp;
   const double flops = tokens * (6.0 * share.matmul_params + 2.0 * recomputed * block_matmuls +
                                  (c.checkpointing == Checkpointing::Full ? 8.0 : 6.0) * attention);
-  const double whole = c.sequence_parallel ? 0.0 : 4.0 * static_cast<double>(m.dim);
+  const double whole = whole_values_per_token(m, c);
   const double values = whole + (m.block_saved_values_per_token() - whole) / c.tp;
   double streamed = tokens * blocks * values * bytes.activation * (3.0 + recomputed) +
                     bytes.update * share.params / c.optimizer_shards();

@@ -14,9 +14,8 @@ namespace tandem::plan {
 namespace {
 
 std::vector<ValidationPoint> validate_points(const nlohmann::json& results, const Profile& cpu);
+}  // namespace
 
-// The frontier worker's layout of each strategy (bench/frontier_worker.cpp): every process a
-// data-parallel rank, except tp (one group of all) and fsdp+tp (pairs).
 Configuration frontier_configuration(const std::string& strategy, int world, int64_t batch) {
   Configuration c;
   const int tp = strategy == "tp" ? world : strategy == "fsdp+tp" ? 2 : 1;
@@ -40,8 +39,6 @@ Configuration frontier_configuration(const std::string& strategy, int world, int
   }
   return c;
 }
-
-}  // namespace
 
 std::vector<ValidationPoint> validate_frontier(const nlohmann::json& results, const Profile& cpu) {
   try {

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/configuration.h"
 #include "plan/hardware.h"
 
 namespace tandem::plan {
@@ -20,6 +21,11 @@ struct ValidationPoint {
   double memory_error() const { return predicted_bytes / measured_bytes - 1; }
   double time_error() const { return measured_tokens_per_s / predicted_tokens_per_s - 1; }  // of the step time
 };
+
+/// How the frontier worker lays `strategy` out on `world` processes of `batch` sequences each
+/// (bench/frontier_worker.cpp): every process a data-parallel rank, except tp (one group of all)
+/// and fsdp+tp (pairs). Throws tandem::Error for a strategy it does not run.
+Configuration frontier_configuration(const std::string& strategy, int world, int64_t batch);
 
 /// Throws tandem::Error when `results` is not a memory-frontier run of Tandem's probes.
 std::vector<ValidationPoint> validate_frontier(const nlohmann::json& results, const Profile& cpu);
