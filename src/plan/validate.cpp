@@ -103,12 +103,12 @@ Profile fit_cpu_profile(const nlohmann::json& results, Profile base) {
     }
     return out;
   };
-  TANDEM_CHECK(ddp_timed(validate_frontier(results, base)).size() >= 3,
+  const auto first = validate_frontier(results, base);
+  TANDEM_CHECK(ddp_timed(first).size() >= 3,
                "--fit-profile needs a tandem bench --memory-budget run with ddp among its strategies and at least "
                "three of its probes timed");
   // The runtime's own: the median charge, beyond the plan's state and activations, of the
   // smallest member's probes (where the runtime is most of the peak).
-  const auto first = validate_frontier(results, base);
   std::string smallest = first.front().model;
   for (const auto& p : first) {
     if (frontier_index(p.model) < frontier_index(smallest)) smallest = p.model;
